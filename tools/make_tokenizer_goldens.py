@@ -13,7 +13,9 @@ Writes <out>/golden_<name>.jsonl for name in qwen3, llama3, llama2. Line 1 is
             "corpus_sha256": H, "count": N}}
 so the test can tell a stale golden from a real mismatch. Line k+2 belongs to corpus record k:
   "ids":          encode(text, add_special_tokens=False).ids
-  "ids_special":  encode(text, add_special_tokens=True).ids      -- absent when equal to "ids"
+  "ids_special":  encode(text, add_special_tokens=True).ids      -- only when it is not of the form
+                  prefix + ids + suffix; otherwise "special_prefix" and "special_suffix" hold the
+                  ids the post-processor added (each absent when empty)
   "decoded":      decode(ids, skip_special_tokens=False)          -- absent when equal to text
   "decoded_skip": decode(ids_special, skip_special_tokens=True)   -- absent when equal to decoded
 The omissions keep the committed files small; each is exact, never an approximation.
@@ -41,6 +43,20 @@ def dump(obj):
     for ch in ("\u0085", "\u2028", "\u2029"):
         line = line.replace(ch, "\\u%04x" % ord(ch))
     return line
+
+
+def special_parts(ids, ids_special):
+    """The golden fields that describe ids_special relative to ids (see the module docstring)."""
+    n, m = len(ids), len(ids_special)
+    for p in range(m - n + 1):
+        if ids_special[p:p + n] == ids:
+            parts = {}
+            if p:
+                parts["special_prefix"] = ids_special[:p]
+            if p + n < m:
+                parts["special_suffix"] = ids_special[p + n:]
+            return parts
+    return {"ids_special": ids_special}
 
 
 def main():
@@ -79,8 +95,7 @@ def main():
                 decoded = tok.decode(ids, skip_special_tokens=False)
                 decoded_skip = tok.decode(ids_special, skip_special_tokens=True)
                 rec = {"ids": ids}
-                if ids_special != ids:
-                    rec["ids_special"] = ids_special
+                rec.update(special_parts(ids, ids_special))
                 if decoded != text:
                     rec["decoded"] = decoded
                 else:
