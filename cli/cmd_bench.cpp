@@ -1,0 +1,139 @@
+// `ingot bench`: time to first token, prefill and decode throughput per batch size, on a checkpoint or
+// on random weights of a config.json's shapes. EOS is ignored so every run has the same length.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common.h"
+#include "core/error.h"
+#include "runtime/generate.h"
+
+namespace ingot::cli {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+void progress(const char* what, int done, int total) {
+  if (!isatty(STDERR_FILENO)) return;
+  const int width = 30, fill = total ? done * width / total : width;
+  std::fprintf(stderr, "\r%-18s [%.*s%*s] %d/%d", what, fill, "##############################", width - fill, "", done,
+               total);
+  if (done == total) std::fprintf(stderr, "\r%*s\r", 70, "");
+}
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Benchmark prefill and decode");
+  struct Args {
+    ModelArgs model;
+    std::string config;
+    int prompt_len = 128, new_tokens = 256;
+    std::string batches = "1";
+    bool json = false;
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  a->model.add_to(*cmd, false);
+  cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
+  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--new-tokens", a->new_tokens, "generated tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
+  cmd->add_flag("--json", a->json, "print JSON");
+  cmd->callback([a] {
+    if (a->model.model_dir.empty() == a->config.empty()) throw Error("bench: give exactly one of --model or --config");
+    std::unique_ptr<Engine> engine;
+    if (!a->config.empty()) {
+      std::ifstream in(a->config);
+      if (!in) throw Error(a->config + ": cannot open");
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(a->config + ": not valid JSON: " + e.what());
+      }
+      ModelSpec spec = parse_model_config(j, a->config);
+      DType dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
+      engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
+    } else {
+      BuildOptions bo;
+      if (!a->model.dtype.empty()) bo.dtype = parse_dtype(a->model.dtype);
+      engine = std::make_unique<Engine>(build_engine(a->model.model_dir, bo));
+    }
+    const std::string dev = resolve_device(a->model.device);
+    auto backend = make_backend(dev, engine->weight_dtype, a->model.threads);
+    const ModelSpec& s = engine->spec;
+    nlohmann::json results = nlohmann::json::array();
+    std::mt19937 rng(1234);
+    for (int B : parse_int_list(a->batches)) {
+      if (B < 1) throw Error("bench: batch sizes must be positive");
+      RuntimeOptions rt;
+      rt.max_batch = B;
+      rt.capacity = slots_needed(a->prompt_len, a->new_tokens);
+      rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
+      Model m(*engine, *backend, rt);
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+      for (auto& p : prompts)
+        for (int i = 0; i < a->prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
+
+      // Prefill: all rows, as few calls as the workspace allows.
+      auto t0 = Clock::now();
+      std::vector<int32_t> next(static_cast<size_t>(B));
+      for (int r0 = 0; r0 < B;) {
+        Batch b;
+        int64_t tokens = 0;
+        for (; r0 < B && tokens + a->prompt_len <= m.max_tokens(); ++r0, tokens += a->prompt_len)
+          b.rows.push_back(BatchRow{r0, prompts[size_t(r0)], 0, {}, false});
+        if (b.rows.empty()) throw Error("bench: the prompt does not fit one forward's workspace");
+        HostTensor lg = m.forward(b);
+        for (size_t i = 0; i < b.rows.size(); ++i) {
+          const float* l = lg.as<float>() + int64_t(i) * s.vocab;
+          next[size_t(b.rows[i].row)] = int32_t(std::max_element(l, l + s.vocab) - l);
+        }
+      }
+      backend->synchronize();
+      const double t_prefill = secs(t0, Clock::now());
+
+      auto t1 = Clock::now();
+      const int steps = a->new_tokens - 1;
+      for (int step = 0; step < steps; ++step) {
+        Batch b;
+        for (int r = 0; r < B; ++r) b.rows.push_back(BatchRow{r, {next[size_t(r)]}, a->prompt_len + step, {}, false});
+        HostTensor lg = m.forward(b);
+        for (int r = 0; r < B; ++r) {
+          const float* l = lg.as<float>() + int64_t(r) * s.vocab;
+          next[size_t(r)] = int32_t(std::max_element(l, l + s.vocab) - l);
+        }
+        progress("decode", step + 1, steps);
+      }
+      backend->synchronize();
+      const double t_decode = secs(t1, Clock::now());
+      nlohmann::json r = {{"batch", B},
+                          {"device", backend->name()},
+                          {"dtype", std::string(dtype_name(engine->weight_dtype))},
+                          {"prompt_len", a->prompt_len},
+                          {"new_tokens", a->new_tokens},
+                          {"ttft_ms", t_prefill * 1e3},
+                          {"prefill_tok_s", double(B) * a->prompt_len / t_prefill},
+                          {"decode_tok_s_per_seq", steps / t_decode},
+                          {"decode_tok_s", double(B) * steps / t_decode},
+                          {"weight_bytes", m.weight_bytes()},
+                          {"cache_bytes", m.cache_bytes()},
+                          {"workspace_bytes", m.workspace_bytes()}};
+      results.push_back(r);
+      if (!a->json)
+        std::printf("batch %3d  ttft %9.2f ms  prefill %10.1f tok/s  decode %9.2f tok/s/seq  %10.2f tok/s total  "
+                    "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",
+                    B, r["ttft_ms"].get<double>(), r["prefill_tok_s"].get<double>(),
+                    r["decode_tok_s_per_seq"].get<double>(), r["decode_tok_s"].get<double>(), m.weight_bytes() / 1e6,
+                    m.cache_bytes() / 1e6, m.workspace_bytes() / 1e6);
+    }
+    if (a->json) std::printf("%s\n", results.dump(2).c_str());
+  });
+}
+
+}  // namespace ingot::cli

@@ -1,0 +1,146 @@
+// The op interface that model code runs on. A backend owns its memory and executes ops in order on
+// its own stream; the CPU backend is the reference that every other backend is tested against.
+//
+// All activations are packed "token-major": a forward over rows of different lengths concatenates
+// their tokens, T in all, and per-token metadata says which cache row and slot each token belongs to.
+// Nothing here knows about models; nothing in src/models knows which backend runs it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace ingot {
+
+// A row-major 2-D view of backend memory: rows x cols elements, `ld` elements between row starts.
+struct Mat {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+inline Mat mat(void* data, DType dt, int64_t rows, int64_t cols) { return {data, dt, rows, cols, cols}; }
+
+// One layer's K and V cache. Element strides make heads-first [B, kv_heads, capacity, head_dim]
+// (batch_stride = kv_heads*capacity*head_dim, head_stride = capacity*head_dim, slot_stride = head_dim)
+// and flattened [B, capacity, kv_heads*head_dim] two settings of the same view.
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F32;
+  int64_t batch_stride = 0, head_stride = 0, slot_stride = 0;
+  int64_t capacity = 0;
+};
+
+// Per-token metadata, each an int32 array of T entries in backend memory.
+struct TokenMeta {
+  const int32_t* row = nullptr;       // cache row (batch slot) of the token
+  const int32_t* slot = nullptr;      // cache slot its K/V are written to (= row's write_index + i)
+  const int32_t* rope_pos = nullptr;  // RoPE position (the slot unless explicit positions were given)
+  const int32_t* kv_len = nullptr;    // valid length of its row after this call (write_index + chunk length)
+};
+
+struct RopeWriteParams {
+  Mat qkv;                       // [T, (q_heads + 2*kv_heads) * head_dim]; q is rotated in place
+  const void* q_norm = nullptr;  // [head_dim] weight or null (Qwen3 q/k RMSNorm before RoPE)
+  const void* k_norm = nullptr;  // [head_dim]
+  DType norm_dtype = DType::F32;
+  float norm_eps = 1e-6f;
+  const float* inv_freq = nullptr;  // [rot_dim/2] in backend memory
+  int rot_dim = 0;                  // rotated leading dims of each head (partial rotary when < head_dim)
+  float attn_scale = 1.0f;          // multiplies cos and sin (YaRN)
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
+  TokenMeta meta;
+  KvLayerView cache;
+};
+
+struct AttentionParams {
+  Mat q;    // [T, q_heads*head_dim] (a strided view into the qkv buffer)
+  Mat out;  // [T, q_heads*head_dim]
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
+  int window = 0;       // sliding window (keys with slot > p - window), 0 = full
+  float scale = 1.0f;   // softmax scale, 1/sqrt(head_dim)
+  int max_kv_len = 0;   // an upper bound of kv_len over the call's tokens (grid sizing)
+  TokenMeta meta;
+  KvLayerView cache;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // The dtype activations and the KV cache use on this backend.
+  virtual DType activation_dtype() const = 0;
+  // True when backend memory is host memory (weights can then be used in place, never copied).
+  virtual bool host_memory() const { return false; }
+
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) noexcept = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> backend
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host, synchronising
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // out[t, :] = table[ids[t], :]
+  virtual void embedding(const Mat& table, const int32_t* ids, const Mat& out) = 0;
+  // if delta: x += delta (the residual add); then out = rmsnorm(x) * weight. weight is [cols].
+  virtual void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType weight_dtype, float eps,
+                           const Mat& out) = 0;
+  // y = x w^T (+ bias): x [T, K], w [N, K], bias [N] or null, y [T, N]. f32 accumulation.
+  virtual void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) = 0;
+  // Optional per-head q/k RMSNorm, RoPE on q (in place) and k, and K/V written to their cache slots.
+  virtual void rope_cache_write(const RopeWriteParams& p) = 0;
+  // Masked attention of each token's query over its row's cache: key j visible iff j <= slot (causal),
+  // j < kv_len (valid length) and, with a window, j > slot - window. No visible key gives zeros.
+  virtual void attention(const AttentionParams& p) = 0;
+  // out = silu(gate) * up where gate_up = [gate | up] along columns; gate_up [T, 2I], out [T, I].
+  virtual void swiglu(const Mat& gate_up, const Mat& out) = 0;
+  // dst[i, :] = src[idx[i], :]
+  virtual void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) = 0;
+  // out[i] = argmax_j logits[i, j] (lowest index on ties)
+  virtual void argmax(const Mat& logits, int32_t* out) = 0;
+  // Widens a matrix into contiguous f32 rows at dst (host memory backends only; others download).
+  virtual void to_f32(const Mat& src, float* dst) = 0;
+};
+
+// RAII for one backend allocation.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& be, size_t bytes) : be_(&be), p_(bytes ? be.alloc(bytes) : nullptr), n_(bytes) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; p_ = o.p_; n_ = o.n_;
+      o.p_ = nullptr; o.n_ = 0;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void reset() {
+    if (p_) be_->free(p_);
+    p_ = nullptr;
+  }
+  Backend* be_ = nullptr;
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+#ifdef INGOT_WITH_CUDA
+// dtype: activation/cache dtype (F32, F16 or BF16). Throws Error when no GPU is usable.
+std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device = 0);
+bool cuda_available();
+#endif
+
+}  // namespace ingot

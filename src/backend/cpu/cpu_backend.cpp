@@ -1,0 +1,281 @@
+// The CPU backend: the reference every other backend is checked against, and a usable engine on its own.
+// Activations and the KV cache are f32; weights stay in the dtype they were built in (f32, f16, bf16)
+// and are widened in registers. Work is split over OpenMP threads by output rows or tokens, so results
+// do not depend on the thread count (each output element is reduced by one thread in a fixed order).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace ingot {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p, DType t) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (t == DType::F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: high half of f32
+}
+inline float load1(const uint16_t* p, DType t) { return t == DType::F16 ? f16_to_f32(*p) : bf16_to_f32(*p); }
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), s0);
+    s1 = _mm256_fmadd_ps(load8(a + i + 8), load8(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(load8(a + i + 16), load8(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(load8(a + i + 24), load8(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), s0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Dot of f32 activations with a 16-bit weight row, widening the weights on the fly (decode's hot loop).
+float dot_16(const float* a, const uint16_t* w, DType t, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(load8(a + i), load8(w + i, t), s0);
+    s1 = _mm256_fmadd_ps(load8(a + i + 8), load8(w + i + 8, t), s1);
+    s2 = _mm256_fmadd_ps(load8(a + i + 16), load8(w + i + 16, t), s2);
+    s3 = _mm256_fmadd_ps(load8(a + i + 24), load8(w + i + 24, t), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(a + i), load8(w + i, t), s0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * load1(w + i, t);
+  return s;
+}
+
+void row_to_f32(const void* src, DType t, float* dst, int64_t n) { convert_to_f32(t, src, dst, size_t(n)); }
+
+inline const uint8_t* row_ptr(const Mat& m, int64_t r) {
+  return static_cast<const uint8_t*>(m.data) + size_t(r * m.ld) * dtype_size(m.dtype);
+}
+inline float* frow(const Mat& m, int64_t r) { return static_cast<float*>(m.data) + r * m.ld; }
+
+void require_f32(const Mat& m, const char* op) {
+  if (m.dtype != DType::F32) throw Error(std::string("cpu backend: ") + op + " expects f32 activations");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {}
+  std::string name() const override { return "cpu"; }
+  DType activation_dtype() const override { return DType::F32; }
+  bool host_memory() const override { return true; }
+
+  void* alloc(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw Error("cpu backend: out of host memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void free(void* p) noexcept override { std::free(p); }
+  void upload(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void download(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void fill_zero(void* dst, size_t n) override { std::memset(dst, 0, n); }
+  void synchronize() override {}
+
+  void embedding(const Mat& table, const int32_t* ids, const Mat& out) override {
+    require_f32(out, "embedding");
+    for (int64_t t = 0; t < out.rows; ++t) {
+      int32_t id = ids[t];
+      if (id < 0 || id >= table.rows)
+        throw Error("token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(table.rows));
+      row_to_f32(row_ptr(table, id), table.dtype, frow(out, t), table.cols);
+    }
+  }
+
+  void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType wt, float eps, const Mat& out) override {
+    require_f32(x, "add_rmsnorm");
+    std::vector<float> w(size_t(x.cols));
+    row_to_f32(weight, wt, w.data(), x.cols);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t t = 0; t < x.rows; ++t) {
+      float* xr = frow(x, t);
+      if (delta) {
+        const float* d = frow(*delta, t);
+        for (int64_t i = 0; i < x.cols; ++i) xr[i] += d[i];
+      }
+      double ss = 0;
+      for (int64_t i = 0; i < x.cols; ++i) ss += double(xr[i]) * xr[i];
+      float inv = 1.0f / std::sqrt(float(ss / double(x.cols)) + eps);
+      float* o = frow(out, t);
+      for (int64_t i = 0; i < x.cols; ++i) o[i] = w[i] * (xr[i] * inv);
+    }
+  }
+
+  void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
+    require_f32(x, "linear");
+    require_f32(y, "linear");
+    if (x.cols != w.cols || y.cols != w.rows || y.rows != x.rows)
+      throw Error("cpu backend: linear shape mismatch");
+    const int64_t T = x.rows, N = w.rows, K = w.cols;
+    std::vector<float> b;
+    if (bias) {
+      b.resize(size_t(N));
+      row_to_f32(bias, w.dtype, b.data(), N);
+    }
+#pragma omp parallel num_threads(threads_)
+    {
+      std::vector<float> wrow(w.dtype == DType::F32 || T == 1 ? 0 : size_t(K));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t* wr = row_ptr(w, n);
+        const float* wf = reinterpret_cast<const float*>(wr);
+        if (w.dtype != DType::F32 && T > 1) {  // widen once, reuse for every token
+          row_to_f32(wr, w.dtype, wrow.data(), K);
+          wf = wrow.data();
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xr = frow(x, t);
+          float s = (w.dtype == DType::F32 || T > 1) ? dot_f32(xr, wf, K)
+                                                     : dot_16(xr, reinterpret_cast<const uint16_t*>(wr), w.dtype, K);
+          frow(y, t)[n] = bias ? s + b[size_t(n)] : s;
+        }
+      }
+    }
+  }
+
+  void rope_cache_write(const RopeWriteParams& p) override {
+    require_f32(p.qkv, "rope_cache_write");
+    if (p.cache.dtype != DType::F32) throw Error("cpu backend: the KV cache must be f32");
+    const int D = p.head_dim, half = p.rot_dim / 2;
+    std::vector<float> qn, kn;
+    if (p.q_norm) {
+      qn.resize(size_t(D));
+      kn.resize(size_t(D));
+      row_to_f32(p.q_norm, p.norm_dtype, qn.data(), D);
+      row_to_f32(p.k_norm, p.norm_dtype, kn.data(), D);
+    }
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t t = 0; t < p.qkv.rows; ++t) {
+      float* row = frow(p.qkv, t);
+      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      const float pos = float(p.meta.rope_pos[t]);
+      for (int i = 0; i < half; ++i) {
+        float ang = pos * p.inv_freq[i];
+        cs[i] = float(std::cos(double(ang))) * p.attn_scale;
+        sn[i] = float(std::sin(double(ang))) * p.attn_scale;
+      }
+      auto norm_rope = [&](float* h, const std::vector<float>& nw) {
+        if (!nw.empty()) {
+          double ss = 0;
+          for (int i = 0; i < D; ++i) ss += double(h[i]) * h[i];
+          float inv = 1.0f / std::sqrt(float(ss / D) + p.norm_eps);
+          for (int i = 0; i < D; ++i) h[i] = nw[i] * (h[i] * inv);
+        }
+        for (int i = 0; i < half; ++i) {
+          float x1 = h[i], x2 = h[i + half];
+          h[i] = x1 * cs[i] - x2 * sn[i];
+          h[i + half] = x2 * cs[i] + x1 * sn[i];
+        }
+      };
+      for (int h = 0; h < p.q_heads; ++h) norm_rope(row + h * D, qn);
+      const int64_t r = p.meta.row[t], s = p.meta.slot[t];
+      float* kc = static_cast<float*>(p.cache.k);
+      float* vc = static_cast<float*>(p.cache.v);
+      for (int h = 0; h < p.kv_heads; ++h) {
+        float* k = row + (p.q_heads + h) * D;
+        const float* v = row + (p.q_heads + p.kv_heads + h) * D;
+        norm_rope(k, kn);
+        const int64_t off = r * p.cache.batch_stride + h * p.cache.head_stride + s * p.cache.slot_stride;
+        std::memcpy(kc + off, k, sizeof(float) * size_t(D));
+        std::memcpy(vc + off, v, sizeof(float) * size_t(D));
+      }
+    }
+  }
+
+  void attention(const AttentionParams& p) override {
+    require_f32(p.q, "attention");
+    const int D = p.head_dim, group = p.q_heads / p.kv_heads;
+    const float* kc = static_cast<const float*>(p.cache.k);
+    const float* vc = static_cast<const float*>(p.cache.v);
+#pragma omp parallel for num_threads(threads_) schedule(dynamic) collapse(2)
+    for (int64_t t = 0; t < p.q.rows; ++t) {
+      for (int h = 0; h < p.q_heads; ++h) {
+        const float* q = frow(p.q, t) + h * D;
+        float* o = frow(p.out, t) + h * D;
+        const int64_t pos = p.meta.slot[t], kv_len = p.meta.kv_len[t], r = p.meta.row[t];
+        int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        int64_t hi = std::min<int64_t>(pos, kv_len - 1);  // causal and valid length
+        std::fill(o, o + D, 0.0f);
+        if (lo > hi) continue;  // nothing visible: zeros, never NaN
+        const int64_t base = r * p.cache.batch_stride + (h / group) * p.cache.head_stride;
+        std::vector<float> sc(size_t(hi - lo + 1));
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= hi; ++j) {
+          sc[size_t(j - lo)] = dot_f32(q, kc + base + j * p.cache.slot_stride, D) * p.scale;
+          mx = std::max(mx, sc[size_t(j - lo)]);
+        }
+        float sum = 0;
+        for (float& s : sc) sum += (s = std::exp(s - mx));
+        const float inv = 1.0f / sum;
+        for (int64_t j = lo; j <= hi; ++j) {
+          const float pj = sc[size_t(j - lo)] * inv;
+          const float* v = vc + base + j * p.cache.slot_stride;
+          for (int i = 0; i < D; ++i) o[i] += pj * v[i];
+        }
+      }
+    }
+  }
+
+  void swiglu(const Mat& gu, const Mat& out) override {
+    require_f32(gu, "swiglu");
+    const int64_t I = out.cols;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t t = 0; t < gu.rows; ++t) {
+      const float* g = frow(gu, t);
+      const float* u = g + I;
+      float* o = frow(out, t);
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
+    const size_t es = dtype_size(src.dtype);
+    for (int64_t i = 0; i < dst.rows; ++i)
+      std::memcpy(static_cast<uint8_t*>(dst.data) + size_t(i * dst.ld) * es, row_ptr(src, idx[i]), size_t(src.cols) * es);
+  }
+
+  void argmax(const Mat& logits, int32_t* out) override {
+    require_f32(logits, "argmax");
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const float* l = frow(logits, r);
+      out[r] = int32_t(std::max_element(l, l + logits.cols) - l);
+    }
+  }
+
+  void to_f32(const Mat& src, float* dst) override {
+    for (int64_t r = 0; r < src.rows; ++r) row_to_f32(row_ptr(src, r), src.dtype, dst + r * src.cols, src.cols);
+  }
+
+ private:
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace ingot

@@ -1,0 +1,123 @@
+#include "models/layers.h"
+
+#include <cmath>
+
+namespace ingot {
+
+namespace {
+std::string lp(int i) { return "model.layers." + std::to_string(i) + "."; }
+std::string ours(int i) { return "layers." + std::to_string(i) + "."; }
+
+Mat rows(const Mat& m, int64_t T) { return {m.data, m.dtype, T, m.cols, m.ld}; }
+
+// Folds the pending block output into the residual and normalises: the residual add of the previous
+// block is fused into the next norm.
+void norm_into_h(ForwardContext& c, const DevWeight& w) {
+  Mat x = rows(c.x, c.T), d = rows(c.delta, c.T);
+  c.be.add_rmsnorm(x, c.pending_delta ? &d : nullptr, w.data(), w.m.dtype, float(c.spec.rms_eps), rows(c.h, c.T));
+  c.pending_delta = false;
+}
+}  // namespace
+
+void declare_embeddings(WeightTable& t, const ModelSpec& s) {
+  t.add("model.embed_tokens.weight", "tok_embeddings", {s.vocab, s.hidden});
+}
+
+void declare_attention(WeightTable& t, const ModelSpec& s, int i) {
+  t.add(lp(i) + "input_layernorm.weight", ours(i) + "attn_norm", {s.hidden});
+  t.add(lp(i) + "self_attn.q_proj.weight", ours(i) + "wq", {s.q_dim(), s.hidden});
+  t.add(lp(i) + "self_attn.k_proj.weight", ours(i) + "wk", {s.kv_dim(), s.hidden});
+  t.add(lp(i) + "self_attn.v_proj.weight", ours(i) + "wv", {s.kv_dim(), s.hidden});
+  t.add(lp(i) + "self_attn.o_proj.weight", ours(i) + "wo", {s.hidden, s.q_dim()});
+  if (s.qkv_bias) {
+    t.add(lp(i) + "self_attn.q_proj.bias", ours(i) + "bq", {s.q_dim()});
+    t.add(lp(i) + "self_attn.k_proj.bias", ours(i) + "bk", {s.kv_dim()});
+    t.add(lp(i) + "self_attn.v_proj.bias", ours(i) + "bv", {s.kv_dim()});
+  }
+  if (s.o_bias) t.add(lp(i) + "self_attn.o_proj.bias", ours(i) + "bo", {s.hidden});
+}
+
+void declare_qk_norm(WeightTable& t, const ModelSpec& s, int i) {
+  t.add(lp(i) + "self_attn.q_norm.weight", ours(i) + "q_norm", {s.head_dim});
+  t.add(lp(i) + "self_attn.k_norm.weight", ours(i) + "k_norm", {s.head_dim});
+}
+
+void declare_mlp(WeightTable& t, const ModelSpec& s, int i) {
+  t.add(lp(i) + "post_attention_layernorm.weight", ours(i) + "mlp_norm", {s.hidden});
+  t.add(lp(i) + "mlp.gate_proj.weight", ours(i) + "w_gate", {s.intermediate, s.hidden});
+  t.add(lp(i) + "mlp.up_proj.weight", ours(i) + "w_up", {s.intermediate, s.hidden});
+  t.add(lp(i) + "mlp.down_proj.weight", ours(i) + "w_down", {s.hidden, s.intermediate});
+}
+
+void declare_output(WeightTable& t, const ModelSpec& s) {
+  t.add("model.norm.weight", "final_norm", {s.hidden});
+  if (!s.tie_embeddings) t.add("lm_head.weight", "lm_head", {s.vocab, s.hidden});
+}
+
+WeightTable llama_style_weights(const ModelSpec& s, void (*extra)(WeightTable&, const ModelSpec&, int)) {
+  WeightTable t;
+  declare_embeddings(t, s);
+  for (int i = 0; i < s.layers; ++i) {
+    declare_attention(t, s, i);
+    if (extra) extra(t, s, i);
+    declare_mlp(t, s, i);
+  }
+  declare_output(t, s);
+  return t;
+}
+
+void prenorm_decoder_layer(ForwardContext& c, const LayerWeights& w, int layer) {
+  attention_block(c, w, layer);
+  mlp_block(c, w);
+}
+
+void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
+  const ModelSpec& s = c.spec;
+  norm_into_h(c, *w.attn_norm);
+  Mat qkv = rows(c.qkv, c.T);
+  c.be.linear(rows(c.h, c.T), w.wqkv->m, w.bqkv ? w.bqkv->data() : nullptr, qkv);
+
+  KvLayerView cache = c.cache_view(c.cache_owner, layer);
+  RopeWriteParams rp;
+  rp.qkv = qkv;
+  rp.q_norm = w.q_norm ? w.q_norm->data() : nullptr;
+  rp.k_norm = w.k_norm ? w.k_norm->data() : nullptr;
+  rp.norm_dtype = w.q_norm ? w.q_norm->m.dtype : DType::F32;
+  rp.norm_eps = float(s.rms_eps);
+  rp.inv_freq = c.inv_freq;
+  rp.rot_dim = int(s.rope_dim());
+  rp.attn_scale = c.rope_scale;
+  rp.q_heads = int(s.heads);
+  rp.kv_heads = int(s.kv_heads);
+  rp.head_dim = int(s.head_dim);
+  rp.meta = c.meta;
+  rp.cache = cache;
+  c.be.rope_cache_write(rp);
+
+  AttentionParams ap;
+  ap.q = {qkv.data, qkv.dtype, c.T, s.q_dim(), qkv.ld};
+  ap.out = rows(c.attn, c.T);
+  ap.q_heads = int(s.heads);
+  ap.kv_heads = int(s.kv_heads);
+  ap.head_dim = int(s.head_dim);
+  ap.window = int(s.window[size_t(layer)]);
+  ap.scale = 1.0f / std::sqrt(float(s.head_dim));
+  ap.max_kv_len = c.max_kv_len;
+  ap.meta = c.meta;
+  ap.cache = cache;
+  c.be.attention(ap);
+
+  c.be.linear(ap.out, w.wo->m, w.bo ? w.bo->data() : nullptr, rows(c.delta, c.T));
+  c.pending_delta = true;
+}
+
+void mlp_block(ForwardContext& c, const LayerWeights& w) {
+  norm_into_h(c, *w.mlp_norm);
+  Mat gu = rows(c.gate_up, c.T), act = rows(c.act, c.T);
+  c.be.linear(rows(c.h, c.T), w.w_gate_up->m, nullptr, gu);
+  c.be.swiglu(gu, act);
+  c.be.linear(act, w.w_down->m, nullptr, rows(c.delta, c.T));
+  c.pending_delta = true;
+}
+
+}  // namespace ingot

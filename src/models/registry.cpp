@@ -1,0 +1,21 @@
+// The list of supported families.
+#include "core/error.h"
+#include "models/family.h"
+
+namespace ingot {
+
+extern const Family kLlamaFamily;
+extern const Family kQwen2Family;
+extern const Family kQwen3Family;
+
+const Family& find_family(const std::string& model_type) {
+  static const Family* const kAll[] = {&kLlamaFamily, &kQwen2Family, &kQwen3Family};
+  std::string names;
+  for (const Family* f : kAll) {
+    if (model_type == f->model_type) return *f;
+    names += std::string(names.empty() ? "" : ", ") + f->model_type;
+  }
+  throw Error("model_type '" + model_type + "' is not supported (supported: " + names + ")");
+}
+
+}  // namespace ingot

@@ -1,0 +1,45 @@
+// Engine: a model's spec plus its weights in the runtime layout (fused QKV and gate/up, one dtype),
+// the output of the build step that every runner executes and that engine files store.
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+#include "io/model_config.h"
+
+#pragma once
+
+namespace ingot {
+
+struct BuildOptions {
+  std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
+};
+
+struct Engine {
+  ModelSpec spec;
+  DType weight_dtype = DType::F32;
+  // Runtime-layout weights, by our names:
+  //   tok_embeddings [vocab, hidden]; final_norm [hidden]; lm_head [vocab, hidden] (absent when tied)
+  //   layers.{i}.attn_norm [hidden]; .wqkv [(q_heads + 2*kv_heads)*head_dim, hidden]; .bqkv [same rows]
+  //   .q_norm/.k_norm [head_dim]; .wo [hidden, q_heads*head_dim]; .bo [hidden]; .mlp_norm [hidden]
+  //   .w_gate_up [2*intermediate, hidden] (gate rows, then up rows); .w_down [hidden, intermediate]
+  std::map<std::string, HostTensor> weights;
+  nlohmann::json provenance;  // where it was built from (checkpoint files, options)
+
+  const HostTensor* find(const std::string& name) const {
+    auto it = weights.find(name);
+    return it == weights.end() ? nullptr : &it->second;
+  }
+  const HostTensor& get(const std::string& name) const;
+  size_t weight_bytes() const;
+};
+
+// Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine.
+Engine build_engine(const std::string& checkpoint_dir, const BuildOptions& options = {});
+// An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
+// of real shapes without a checkpoint.
+Engine random_engine(const ModelSpec& spec, DType dtype, uint64_t seed = 0);
+
+}  // namespace ingot

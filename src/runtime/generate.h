@@ -1,0 +1,32 @@
+// Greedy generation over one cache row: prefill (in chunks that fit the workspace), then one token per
+// decode step through the same forward. Sampling and text live a layer above.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace ingot {
+
+struct GenerateOptions {
+  int max_new_tokens = 16;
+  std::vector<int64_t> eos_ids;  // stop after emitting one of these; empty = run to max_new_tokens
+  int row = 0;                   // cache row to use
+  int64_t prefill_chunk = 0;     // tokens per prefill call; 0 = as many as the workspace holds
+};
+
+// Called once per generated token: step (0 = the token from prefill), whether it came from prefill.
+using TokenCallback = std::function<void(int step, bool from_prefill, int32_t token)>;
+
+// Cache slots a request needs: the prompt plus every generated token but the last, which is never
+// written back.
+inline int64_t slots_needed(int64_t prompt_len, int64_t max_new_tokens) {
+  return prompt_len + std::max<int64_t>(max_new_tokens, 1) - 1;
+}
+
+// Throws Error before any compute if the request does not fit the model's capacity.
+std::vector<int32_t> generate_greedy(Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                     const TokenCallback& on_token = {});
+
+}  // namespace ingot

@@ -1,0 +1,254 @@
+#include "runtime/model.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+
+namespace ingot {
+
+std::string layout_name(CacheLayout l) { return l == CacheLayout::HeadsFirst ? "heads_first" : "flattened"; }
+
+CacheLayout parse_layout(const std::string& s) {
+  if (s == "heads_first") return CacheLayout::HeadsFirst;
+  if (s == "flattened") return CacheLayout::Flattened;
+  throw Error("unknown cache layout '" + s + "' (expected heads_first or flattened)");
+}
+
+struct Model::Prepared {
+  std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
+  int max_kv_len = 0;
+};
+
+Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
+    : engine_(engine), be_(be), spec_(engine.spec), family_(find_family(engine.spec.family)), opt_(options) {
+  const ModelSpec& s = spec_;
+  if (opt_.max_batch < 1) throw Error("max batch must be at least 1, got " + std::to_string(opt_.max_batch));
+  if (opt_.capacity == 0) opt_.capacity = s.max_position;
+  if (opt_.capacity < 1) throw Error("capacity must be at least 1");
+  if (opt_.capacity > (int64_t(1) << 30)) throw Error("capacity " + std::to_string(opt_.capacity) + " exceeds 2^30 slots");
+  if (opt_.max_tokens == 0) opt_.max_tokens = std::min<int64_t>(int64_t(opt_.max_batch) * opt_.capacity, 4096);
+  if (opt_.max_logit_rows == 0) opt_.max_logit_rows = std::max<int64_t>(opt_.max_batch, 64);
+  const DType adt = be_.activation_dtype();
+  const size_t as = dtype_size(adt);
+
+  // Weights: in place when the backend reads host memory, otherwise copied over once.
+  for (auto& [name, t] : engine_.weights) {
+    void* p;
+    if (be_.host_memory()) {
+      p = const_cast<void*>(t.data());
+    } else {
+      owned_.emplace_back(be_, t.nbytes());
+      p = owned_.back().get();
+      be_.upload(p, t.data(), t.nbytes());
+    }
+    const int64_t rows = t.shape().size() == 2 ? t.shape()[0] : 1;
+    w_[name] = DevWeight{mat(p, t.dtype(), rows, t.shape().back())};
+    weight_bytes_ += t.nbytes();
+  }
+  auto need = [&](const std::string& n) -> const DevWeight* {
+    auto it = w_.find(n);
+    if (it == w_.end()) throw Error("engine is missing weight '" + n + "'");
+    return &it->second;
+  };
+  auto maybe = [&](const std::string& n) -> const DevWeight* {
+    auto it = w_.find(n);
+    return it == w_.end() ? nullptr : &it->second;
+  };
+  embed_ = need("tok_embeddings");
+  final_norm_ = need("final_norm");
+  lm_head_ = s.tie_embeddings ? embed_ : need("lm_head");
+  for (int i = 0; i < s.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    LayerWeights lw;
+    lw.attn_norm = need(p + "attn_norm");
+    lw.wqkv = need(p + "wqkv");
+    lw.bqkv = maybe(p + "bqkv");
+    lw.q_norm = maybe(p + "q_norm");
+    lw.k_norm = maybe(p + "k_norm");
+    lw.wo = need(p + "wo");
+    lw.bo = maybe(p + "bo");
+    lw.mlp_norm = need(p + "mlp_norm");
+    lw.w_gate_up = need(p + "w_gate_up");
+    lw.w_down = need(p + "w_down");
+    layers_.push_back(lw);
+  }
+
+  // The static cache, zeroed so rows never written read as zeros.
+  const size_t per_layer = size_t(opt_.max_batch) * size_t(s.kv_heads) * size_t(opt_.capacity) * size_t(s.head_dim) * as;
+  for (int i = 0; i < s.layers; ++i) {
+    k_cache_.emplace_back(be_, per_layer);
+    v_cache_.emplace_back(be_, per_layer);
+    be_.fill_zero(k_cache_.back().get(), per_layer);
+    be_.fill_zero(v_cache_.back().get(), per_layer);
+  }
+  cache_bytes_ = per_layer * 2 * size_t(s.layers);
+
+  const size_t T = size_t(opt_.max_tokens), L = size_t(opt_.max_logit_rows);
+  auto ws = [&](Buffer& b, size_t bytes) {
+    b = Buffer(be_, bytes);
+    workspace_bytes_ += bytes;
+  };
+  ws(x_, T * size_t(s.hidden) * as);
+  ws(h_, T * size_t(s.hidden) * as);
+  ws(delta_, T * size_t(s.hidden) * as);
+  ws(qkv_, T * size_t(s.q_dim() + 2 * s.kv_dim()) * as);
+  ws(attn_, T * size_t(s.q_dim()) * as);
+  ws(gate_up_, T * size_t(2 * s.intermediate) * as);
+  ws(act_, T * size_t(s.intermediate) * as);
+  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, T * sizeof(int32_t));
+  ws(gathered_, L * size_t(s.hidden) * as);
+  ws(logits_, L * size_t(s.vocab) * as);
+  std::vector<float> inv = rope_inv_freq(s);
+  ws(inv_freq_, std::max<size_t>(inv.size(), 1) * sizeof(float));
+  be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
+  rope_scale_ = rope_attention_scale(s);
+}
+
+Model::~Model() = default;
+
+KvLayerView Model::cache_view(int layer) const {
+  const ModelSpec& s = spec_;
+  KvLayerView v;
+  v.k = k_cache_[size_t(layer)].get();
+  v.v = v_cache_[size_t(layer)].get();
+  v.dtype = be_.activation_dtype();
+  v.capacity = opt_.capacity;
+  v.batch_stride = s.kv_heads * opt_.capacity * s.head_dim;
+  if (opt_.layout == CacheLayout::HeadsFirst) {  // [B, kv_heads, capacity, head_dim]
+    v.head_stride = opt_.capacity * s.head_dim;
+    v.slot_stride = s.head_dim;
+  } else {  // [B, capacity, kv_heads * head_dim]
+    v.head_stride = s.head_dim;
+    v.slot_stride = s.kv_heads * s.head_dim;
+  }
+  return v;
+}
+
+Model::Prepared Model::prepare(const Batch& b) const {
+  if (b.rows.empty()) throw Error("forward: the batch has no rows");
+  if (int64_t(b.rows.size()) > opt_.max_batch)
+    throw Error("forward: " + std::to_string(b.rows.size()) + " rows exceed the max batch of " +
+                std::to_string(opt_.max_batch));
+  Prepared p;
+  std::set<int> seen;
+  int64_t total = 0;
+  for (size_t r = 0; r < b.rows.size(); ++r) {
+    const BatchRow& br = b.rows[r];
+    const std::string who = "forward: row " + std::to_string(r) + " (cache row " + std::to_string(br.row) + ")";
+    if (br.row < 0 || br.row >= opt_.max_batch)
+      throw Error(who + ": cache row is outside [0, " + std::to_string(opt_.max_batch) + ")");
+    if (!seen.insert(br.row).second) throw Error(who + ": the same cache row appears twice in one call");
+    const int64_t len = int64_t(br.tokens.size());
+    if (len == 0) throw Error(who + ": empty token chunk");
+    if (br.write_index < 0) throw Error(who + ": negative write index");
+    if (br.write_index + len > opt_.capacity)
+      throw Error(who + ": needs cache slots up to " + std::to_string(br.write_index + len) + " but the capacity is " +
+                  std::to_string(opt_.capacity));
+    if (!br.positions.empty() && int64_t(br.positions.size()) != len)
+      throw Error(who + ": " + std::to_string(br.positions.size()) + " positions for " + std::to_string(len) + " tokens");
+    total += len;
+  }
+  if (total > opt_.max_tokens)
+    throw Error("forward: the call carries " + std::to_string(total) + " tokens but the workspace holds " +
+                std::to_string(opt_.max_tokens) + "; split the prefill into chunks");
+  for (const BatchRow& br : b.rows) {
+    const int64_t len = int64_t(br.tokens.size());
+    const int32_t kv_len = int32_t(br.write_index + len);
+    p.max_kv_len = std::max(p.max_kv_len, int(kv_len));
+    for (int64_t i = 0; i < len; ++i) {
+      const int32_t id = br.tokens[size_t(i)];
+      if (id < 0 || id >= spec_.vocab)
+        throw Error("forward: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                    std::to_string(spec_.vocab));
+      if (br.all_logits || i == len - 1) p.out_idx.push_back(int32_t(p.ids.size()));
+      p.ids.push_back(id);
+      p.row.push_back(br.row);
+      p.slot.push_back(int32_t(br.write_index + i));
+      p.rope_pos.push_back(int32_t(br.positions.empty() ? br.write_index + i : br.positions[size_t(i)]));
+      p.kv_len.push_back(kv_len);
+    }
+  }
+  return p;
+}
+
+namespace {
+KvLayerView cache_view_thunk(void* owner, int layer) { return static_cast<Model*>(owner)->cache_view(layer); }
+}  // namespace
+
+void Model::run_layers(int64_t T, int max_kv_len) {
+  const ModelSpec& s = spec_;
+  const DType adt = be_.activation_dtype();
+  ForwardContext c{be_, s};
+  c.T = T;
+  c.x = mat(x_.get(), adt, T, s.hidden);
+  c.h = mat(h_.get(), adt, T, s.hidden);
+  c.delta = mat(delta_.get(), adt, T, s.hidden);
+  c.qkv = mat(qkv_.get(), adt, T, s.q_dim() + 2 * s.kv_dim());
+  c.attn = mat(attn_.get(), adt, T, s.q_dim());
+  c.gate_up = mat(gate_up_.get(), adt, T, 2 * s.intermediate);
+  c.act = mat(act_.get(), adt, T, s.intermediate);
+  c.meta = {row_.as<int32_t>(), slot_.as<int32_t>(), rope_pos_.as<int32_t>(), kv_len_.as<int32_t>()};
+  c.inv_freq = inv_freq_.as<float>();
+  c.rope_scale = rope_scale_;
+  c.max_kv_len = max_kv_len;
+  c.cache_view = cache_view_thunk;
+  c.cache_owner = this;
+
+  be_.embedding(embed_->m, ids_.as<int32_t>(), c.x);
+  for (int l = 0; l < s.layers; ++l) family_.layer(c, layers_[size_t(l)], l);
+  // Final norm over every token (the pending MLP output folded into the residual first).
+  be_.add_rmsnorm(c.x, &c.delta, final_norm_->data(), final_norm_->m.dtype, float(s.rms_eps), c.h);
+}
+
+HostTensor Model::forward(const Batch& batch) {
+  Prepared p = prepare(batch);
+  const int64_t T = int64_t(p.ids.size());
+  auto up = [&](Buffer& dst, const std::vector<int32_t>& v) { be_.upload(dst.get(), v.data(), v.size() * sizeof(int32_t)); };
+  up(ids_, p.ids);
+  up(row_, p.row);
+  up(slot_, p.slot);
+  up(rope_pos_, p.rope_pos);
+  up(kv_len_, p.kv_len);
+  up(out_idx_, p.out_idx);
+  run_layers(T, p.max_kv_len);
+
+  const ModelSpec& s = spec_;
+  const DType adt = be_.activation_dtype();
+  const int64_t n_out = int64_t(p.out_idx.size());
+  HostTensor out(DType::F32, {n_out, s.vocab});
+  std::vector<float> host;
+  for (int64_t at = 0; at < n_out; at += opt_.max_logit_rows) {
+    const int64_t n = std::min(opt_.max_logit_rows, n_out - at);
+    Mat g = mat(gathered_.get(), adt, n, s.hidden);
+    be_.gather_rows(mat(h_.get(), adt, T, s.hidden), out_idx_.as<int32_t>() + at, g);
+    Mat lg = mat(logits_.get(), adt, n, s.vocab);
+    be_.linear(g, lm_head_->m, nullptr, lg);
+    if (be_.host_memory()) {
+      be_.to_f32(lg, out.as<float>() + at * s.vocab);
+    } else {
+      // Widen on the backend into the front of the logits buffer's own f32 view is not possible in
+      // place for 16-bit types, so widen on the host after a raw copy.
+      std::vector<uint8_t> raw(size_t(n * s.vocab) * dtype_size(adt));
+      be_.download(raw.data(), lg.data, raw.size());
+      convert_to_f32(adt, raw.data(), out.as<float>() + at * s.vocab, size_t(n * s.vocab));
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> Model::read_cache_row(int row) {
+  const size_t as = dtype_size(be_.activation_dtype());
+  const size_t row_bytes = size_t(spec_.kv_heads) * size_t(opt_.capacity) * size_t(spec_.head_dim) * as;
+  std::vector<uint8_t> out;
+  for (int l = 0; l < spec_.layers; ++l) {
+    for (const Buffer* b : {&k_cache_[size_t(l)], &v_cache_[size_t(l)]}) {
+      size_t at = out.size();
+      out.resize(at + row_bytes);
+      be_.download(out.data() + at, b->as<uint8_t>() + size_t(row) * row_bytes, row_bytes);
+    }
+  }
+  return out;
+}
+
+}  // namespace ingot

@@ -1,0 +1,96 @@
+// Model: an Engine's weights placed on a backend, the static KV cache, a workspace sized once, and
+// the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes through.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "models/family.h"
+#include "models/layers.h"
+#include "runtime/engine.h"
+
+namespace ingot {
+
+enum class CacheLayout { HeadsFirst, Flattened };
+std::string layout_name(CacheLayout l);
+CacheLayout parse_layout(const std::string& s);
+
+struct RuntimeOptions {
+  int max_batch = 1;          // cache rows
+  int64_t capacity = 0;       // cache slots per row; 0 = the model's max_position_embeddings
+  CacheLayout layout = CacheLayout::HeadsFirst;
+  int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
+  int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
+};
+
+// One row of a forward call: a chunk of tokens for one cache row.
+struct BatchRow {
+  int row = 0;                     // cache row
+  std::vector<int32_t> tokens;     // [len], len >= 1
+  int64_t write_index = 0;         // slots already filled in this row; the chunk goes to write_index..+len-1
+  std::vector<int64_t> positions;  // [len] explicit RoPE positions, or empty for the slot indices
+  bool all_logits = false;         // logits for every token, or only for the last
+};
+
+struct Batch {
+  std::vector<BatchRow> rows;
+};
+
+class Model {
+ public:
+  // The engine must outlive the model (backends that share host memory use its weights in place).
+  Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
+  ~Model();
+
+  // Runs the rows through the cache. Returns f32 logits on the host, [n_out, vocab], rows in call
+  // order, each row's tokens in order (all, or only its last). Throws Error before any compute when a
+  // row is malformed or does not fit (capacity, batch, workspace).
+  HostTensor forward(const Batch& batch);
+
+  const ModelSpec& spec() const { return spec_; }
+  Backend& backend() { return be_; }
+  int max_batch() const { return opt_.max_batch; }
+  int64_t capacity() const { return opt_.capacity; }
+  int64_t max_tokens() const { return opt_.max_tokens; }
+  CacheLayout layout() const { return opt_.layout; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t cache_bytes() const { return cache_bytes_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+
+  // The raw bytes of one cache row (K then V of every layer), for tests of slot preservation.
+  std::vector<uint8_t> read_cache_row(int row);
+  KvLayerView cache_view(int layer) const;
+
+ private:
+  struct Prepared;
+  Prepared prepare(const Batch& batch) const;
+  void run_layers(int64_t T, int max_kv_len);
+
+  const Engine& engine_;
+  Backend& be_;
+  ModelSpec spec_;
+  const Family& family_;
+  RuntimeOptions opt_;
+  size_t weight_bytes_ = 0, cache_bytes_ = 0, workspace_bytes_ = 0;
+
+  std::vector<Buffer> owned_;            // weight and workspace allocations
+  std::map<std::string, DevWeight> w_;   // runtime-layout weights on the backend
+  std::vector<LayerWeights> layers_;
+  const DevWeight* embed_ = nullptr;     // [vocab, hidden]
+  const DevWeight* final_norm_ = nullptr;
+  const DevWeight* lm_head_ = nullptr;   // [vocab, hidden] (the embedding when tied)
+  std::vector<Buffer> k_cache_, v_cache_;  // per layer: [max_batch, kv_heads, capacity, head_dim] (or flattened)
+
+  // Workspace, sized for max_tokens.
+  Buffer x_, h_, delta_, qkv_, attn_, gate_up_, act_;  // activations, see ForwardContext
+  Buffer ids_, row_, slot_, rope_pos_, kv_len_, out_idx_;  // [max_tokens] int32 metadata
+  Buffer gathered_;  // [max_logit_rows, hidden]
+  Buffer logits_;    // [max_logit_rows, vocab]
+  Buffer inv_freq_;  // [rope_dim / 2] f32
+  float rope_scale_ = 1.0f;
+};
+
+}  // namespace ingot
