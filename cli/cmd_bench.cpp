@@ -100,14 +100,10 @@ void add_bench(CLI::App& app) {
 
       auto t1 = Clock::now();
       const int steps = a->new_tokens - 1;
+      std::vector<int> rows(static_cast<size_t>(B));
+      for (int r = 0; r < B; ++r) rows[size_t(r)] = r;
       for (int step = 0; step < steps; ++step) {
-        Batch b;
-        for (int r = 0; r < B; ++r) b.rows.push_back(BatchRow{r, {next[size_t(r)]}, a->prompt_len + step, {}, false});
-        HostTensor lg = m.forward(b);
-        for (int r = 0; r < B; ++r) {
-          const float* l = lg.as<float>() + int64_t(r) * s.vocab;
-          next[size_t(r)] = int32_t(std::max_element(l, l + s.vocab) - l);
-        }
+        next = m.decode_greedy(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
         progress("decode", step + 1, steps);
       }
       backend->synchronize();

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -66,6 +67,14 @@ struct AttentionParams {
   KvLayerView cache;
 };
 
+// A recorded sequence of ops replayed as one unit (a CUDA graph). Everything that changes between
+// replays must live in backend buffers the ops read, never in the recorded arguments.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,6 +90,14 @@ class Backend {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host, synchronising
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
+
+  // Records the ops `body` issues into a Graph, or returns null when the backend has no graphs (the
+  // caller then runs body() directly). The body must not allocate or synchronise.
+  virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { (void)body; return nullptr; }
+  // Measured device copy bandwidth in GB/s, counting bytes read plus bytes written; 0 when not meaningful.
+  virtual double copy_bandwidth_gbs() { return 0.0; }
+  // Peak backend memory allocated so far, in bytes (0 when not tracked).
+  virtual size_t peak_memory_bytes() const { return 0; }
 
   // out[t, :] = table[ids[t], :]
   virtual void embedding(const Mat& table, const int32_t* ids, const Mat& out) = 0;

@@ -23,7 +23,7 @@ std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& promp
                 std::to_string(prompt.size()) + " + max_new_tokens " + std::to_string(o.max_new_tokens) +
                 " - 1) but the capacity is " + std::to_string(m.capacity()));
   const int64_t chunk = o.prefill_chunk > 0 ? std::min(o.prefill_chunk, m.max_tokens()) : m.max_tokens();
-  HostTensor logits;
+  HostTensor logits;  // [1, vocab] of the last prefill chunk
   for (int64_t at = 0; at < int64_t(prompt.size()); at += chunk) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(prompt.size()) - at);
     BatchRow r;
@@ -40,12 +40,7 @@ std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& promp
     if (on_token) on_token(step, step == 0, tok);
     if (int(out.size()) >= o.max_new_tokens) break;
     if (std::find(o.eos_ids.begin(), o.eos_ids.end(), int64_t(tok)) != o.eos_ids.end()) break;
-    BatchRow r;
-    r.row = o.row;
-    r.tokens = {tok};
-    r.write_index = pos++;
-    logits = m.forward(Batch{{r}});
-    tok = argmax_row(logits, 0);
+    tok = m.decode_greedy({o.row}, {tok}, {pos++})[0];  // fixed-shape step, graph-captured where possible
   }
   return out;
 }

@@ -99,6 +99,7 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, T * sizeof(int32_t));
   ws(gathered_, L * size_t(s.hidden) * as);
   ws(logits_, L * size_t(s.vocab) * as);
+  ws(next_tokens_, size_t(opt_.max_batch) * sizeof(int32_t));
   std::vector<float> inv = rope_inv_freq(s);
   ws(inv_freq_, std::max<size_t>(inv.size(), 1) * sizeof(float));
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
@@ -201,9 +202,7 @@ void Model::run_layers(int64_t T, int max_kv_len) {
   be_.add_rmsnorm(c.x, &c.delta, final_norm_->data(), final_norm_->m.dtype, float(s.rms_eps), c.h);
 }
 
-HostTensor Model::forward(const Batch& batch) {
-  Prepared p = prepare(batch);
-  const int64_t T = int64_t(p.ids.size());
+void Model::upload_meta(const Prepared& p) {
   auto up = [&](Buffer& dst, const std::vector<int32_t>& v) { be_.upload(dst.get(), v.data(), v.size() * sizeof(int32_t)); };
   up(ids_, p.ids);
   up(row_, p.row);
@@ -211,6 +210,47 @@ HostTensor Model::forward(const Batch& batch) {
   up(rope_pos_, p.rope_pos);
   up(kv_len_, p.kv_len);
   up(out_idx_, p.out_idx);
+}
+
+void Model::decode_body(int64_t n) {
+  const DType adt = be_.activation_dtype();
+  // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
+  run_layers(n, int(opt_.capacity));
+  Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
+  be_.linear(mat(h_.get(), adt, n, spec_.hidden), lm_head_->m, nullptr, lg);
+  be_.argmax(lg, next_tokens_.as<int32_t>());
+}
+
+std::vector<int32_t> Model::decode_greedy(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                                          const std::vector<int64_t>& write_index) {
+  const int64_t n = int64_t(tokens.size());
+  if (n < 1 || int64_t(write_index.size()) != n || int64_t(rows.size()) != n)
+    throw Error("decode: need one cache row and one write index per token, and at least one row");
+  if (n > opt_.max_logit_rows)
+    throw Error("decode: " + std::to_string(n) + " rows exceed the logits workspace of " + std::to_string(opt_.max_logit_rows));
+  Batch b;
+  for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
+  upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
+  if (opt_.use_graphs) {
+    auto it = decode_graphs_.find(n);
+    if (it == decode_graphs_.end()) {
+      std::unique_ptr<Graph> g = be_.capture([&] { decode_body(n); });
+      it = decode_graphs_.emplace(n, std::move(g)).first;
+    }
+    if (it->second) it->second->replay();
+    else decode_body(n);
+  } else {
+    decode_body(n);
+  }
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));
+  return out;
+}
+
+HostTensor Model::forward(const Batch& batch) {
+  Prepared p = prepare(batch);
+  const int64_t T = int64_t(p.ids.size());
+  upload_meta(p);
   run_layers(T, p.max_kv_len);
 
   const ModelSpec& s = spec_;

@@ -24,6 +24,7 @@ struct RuntimeOptions {
   CacheLayout layout = CacheLayout::HeadsFirst;
   int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
   int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
+  bool use_graphs = true;     // capture decode steps as graphs where the backend supports it
 };
 
 // One row of a forward call: a chunk of tokens for one cache row.
@@ -50,6 +51,13 @@ class Model {
   // row is malformed or does not fit (capacity, batch, workspace).
   HostTensor forward(const Batch& batch);
 
+  // The fixed-shape greedy decode step: n distinct cache rows each take one token (tokens[i]) at slot
+  // write_index[i]; returns each row's argmax next token. Rows, tokens and indices go into fixed
+  // buffers that a graph captured once per n reads, so replays need no re-capture. Same results as
+  // forward() followed by an argmax.
+  std::vector<int32_t> decode_greedy(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                                     const std::vector<int64_t>& write_index);
+
   const ModelSpec& spec() const { return spec_; }
   Backend& backend() { return be_; }
   int max_batch() const { return opt_.max_batch; }
@@ -68,6 +76,8 @@ class Model {
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
   void run_layers(int64_t T, int max_kv_len);
+  void upload_meta(const Prepared& p);
+  void decode_body(int64_t n);  // the ops of one decode step over n rows, up to the argmax
 
   const Engine& engine_;
   Backend& be_;
@@ -90,6 +100,8 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
+  Buffer next_tokens_;  // [max_batch] int32 argmax output of decode steps
+  std::map<int64_t, std::unique_ptr<Graph>> decode_graphs_;  // by row count
   float rope_scale_ = 1.0f;
 };
 
