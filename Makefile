@@ -1,0 +1,49 @@
+# ingot's entry points. `make demo` and `make test` install what is missing, build, and run.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+
+.PHONY: all deps build test test-sanitize fuzz demo bench-cpu clean
+
+all: build
+
+deps:
+	scripts/install-deps
+	scripts/fetch-tokenizers
+
+build: deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+# The malformed-input and cache tests again under AddressSanitizer and UBSan (CPU build).
+test-sanitize: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DINGOT_SANITIZE=ON -DINGOT_CUDA=OFF
+	cmake --build build-asan -j$(JOBS) --target test_checkpoint_io test_kv_cache
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+	  ctest --test-dir build-asan --output-on-failure -R "Safetensors|Checkpoint|BuildEngine|Config|KvCache|AttentionOp"
+
+# Each libFuzzer target for a bounded time (FUZZ_SECONDS each).
+FUZZ_SECONDS ?= 20
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DINGOT_CUDA=OFF -DINGOT_FUZZ=ON -DBUILD_TESTING=OFF
+	cmake --build build-fuzz -j$(JOBS) --target $$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/\.cpp$$//' | tr '\n' ' ')
+	set -e; for f in tests/fuzz/fuzz_*.cpp; do n=$$(basename $$f .cpp); mkdir -p build-fuzz/corpus-$$n; \
+	  echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
+	  build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build-fuzz/corpus-$$n >build-fuzz/$$n.log 2>&1 \
+	    || { tail -40 build-fuzz/$$n.log; exit 1; }; done
+
+# Generation on the model shipped in the repo, on the GPU if there is one, else the CPU.
+DEMO_MODEL ?= tests/data/models/qwen3
+demo: build
+	$(BUILD)/ingot generate --model $(DEMO_MODEL) --prompt-ids 1,17,42,99,7 --max-new-tokens 12
+	$(BUILD)/ingot check --model $(DEMO_MODEL) --reference $(DEMO_MODEL)/reference.safetensors
+
+# Decode speed of Qwen3-0.6B shapes with random bf16 weights on this CPU.
+bench-cpu: build
+	$(BUILD)/ingot bench --config bench/shapes/qwen3-0.6b.json --device cpu --dtype bf16 --prompt-len 16 --new-tokens 16
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
