@@ -494,6 +494,16 @@ TEST_F(TokenizerFiles, AddedTokenIdInconsistent) {
                                               R"("added_tokens":[{"id":9,"content":"<x>","special":true}])"),
                {"added_tokens[0]", "<x>", "id 9", "id 3"});
 }
+TEST_F(TokenizerFiles, PostProcessorIdNotInVocab) {
+  expect_error(R"({"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},)"
+               R"({"Sequence":{"id":"A","type_id":0}}],"special_tokens":{"<s>":{"id":"<s>","ids":[7],"tokens":["<s>"]}}},)"
+               R"("model":)" + std::string(kModel) + "}",
+               {"post_processor.special_tokens[\"<s>\"].ids", "id 7"});
+  expect_error(R"({"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}}],)"
+               R"("special_tokens":{}},"model":)" + std::string(kModel) + "}",
+               {"post_processor.single[0]", "<s>"});
+}
+
 TEST_F(TokenizerFiles, ConfigTokenNotInVocab) {
   write("tokenizer.json", tokenizer_json(kModel));
   write("tokenizer_config.json", R"({"bos_token": "<s>"})");

@@ -28,8 +28,11 @@ class Normalizer {
   // True when normalize() would leave s as it is; lets the caller skip a copy.
   virtual bool is_noop_for(std::string_view s) const = 0;
 };
+// Sections nest (Sequence of Sequence...); deeper than this is refused rather than recursed into.
+constexpr int kMaxNesting = 32;
+
 // nullptr for a JSON null.
-std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where);
+std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where, int depth = 0);
 
 // ---------------------------------------------------------------------------------------------
 // Pre-tokenizers cut a piece of text into words. `at_start` tells whether the piece begins the
@@ -140,9 +143,11 @@ class PostProcessor {
  public:
   virtual ~PostProcessor() = default;
   virtual void process(std::vector<int32_t>& ids, bool add_special_tokens) const = 0;
+  // Throws when an id it adds is not a token (`known` says which ids are).
+  virtual void check_ids(const FnRef<bool(int32_t)>& known) const = 0;
 };
 // nullptr for a JSON null.
-std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& where);
+std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& where, int depth = 0);
 
 // ---------------------------------------------------------------------------------------------
 class Decoder {
@@ -155,7 +160,7 @@ struct DecoderInfo {
   bool byte_fallback = false;  // a ByteFallback decoder turns "<0xXX>" tokens into bytes
 };
 // nullptr for a JSON null.
-std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, DecoderInfo& info);
+std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, DecoderInfo& info, int depth = 0);
 // Parses a byte-fallback token "<0xXX>" the way the reference does; -1 if it is not one.
 int parse_byte_token(std::string_view token);
 

@@ -243,11 +243,11 @@ class TemplateProcessing final : public PostProcessor {
             throw Error(where + ".special_tokens[\"" + name + "\"].ids: expected non-negative integer ids");
           v.push_back(static_cast<int32_t>(id.get<int64_t>()));
         }
-        items_.push_back({false, std::move(v)});
+        items_.push_back({false, std::move(v), where + ".special_tokens[\"" + name + "\"].ids"});
       } else if (item.is_object() && item.contains("Sequence")) {
         const std::string seq = require_string(item["Sequence"], "id", at + ".Sequence");
         if (seq != "A") throw Error(at + ": the single-sequence template may only use sequence A, found " + seq);
-        items_.push_back({true, {}});
+        items_.push_back({true, {}, {}});
       } else {
         throw Error(at + ": expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
       }
@@ -267,10 +267,17 @@ class TemplateProcessing final : public PostProcessor {
     ids.swap(out);
   }
 
+  void check_ids(const FnRef<bool(int32_t)>& known) const override {
+    for (const auto& it : items_)
+      for (int32_t id : it.ids)
+        if (!known(id)) throw Error(it.where + ": id " + std::to_string(id) + " is not in the vocabulary");
+  }
+
  private:
   struct Item {
     bool is_sequence;
     std::vector<int32_t> ids;
+    std::string where;
   };
   std::vector<Item> items_;
 };
@@ -278,9 +285,13 @@ class TemplateProcessing final : public PostProcessor {
 // Bert and Roberta put one token before and one after a single sequence.
 class Surround final : public PostProcessor {
  public:
-  Surround(const json& j, const std::string& where) {
+  Surround(const json& j, const std::string& where) : where_(where) {
     cls_ = read(j, "cls", where);
     sep_ = read(j, "sep", where);
+  }
+  void check_ids(const FnRef<bool(int32_t)>& known) const override {
+    for (int32_t id : {cls_, sep_})
+      if (!known(id)) throw Error(where_ + ": id " + std::to_string(id) + " is not in the vocabulary");
   }
   void process(std::vector<int32_t>& ids, bool add_special_tokens) const override {
     if (!add_special_tokens) return;
@@ -297,6 +308,7 @@ class Surround final : public PostProcessor {
     if (id < 0 || id > INT32_MAX) throw Error(where + "." + key + ": id out of range");
     return static_cast<int32_t>(id);
   }
+  std::string where_;
   int32_t cls_ = 0, sep_ = 0;
 };
 
@@ -304,6 +316,7 @@ class NoOpProcessor final : public PostProcessor {
  public:
   // ByteLevel post-processing only trims offsets, which we do not report.
   void process(std::vector<int32_t>&, bool) const override {}
+  void check_ids(const FnRef<bool(int32_t)>&) const override {}
 };
 
 class SequenceProcessor final : public PostProcessor {
@@ -312,6 +325,9 @@ class SequenceProcessor final : public PostProcessor {
   void process(std::vector<int32_t>& ids, bool add_special_tokens) const override {
     for (const auto& p : parts_) p->process(ids, add_special_tokens);
   }
+  void check_ids(const FnRef<bool(int32_t)>& known) const override {
+    for (const auto& p : parts_) p->check_ids(known);
+  }
 
  private:
   std::vector<std::unique_ptr<PostProcessor>> parts_;
@@ -319,8 +335,9 @@ class SequenceProcessor final : public PostProcessor {
 
 }  // namespace
 
-std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, DecoderInfo& info) {
+std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, DecoderInfo& info, int depth) {
   if (j.is_null()) return nullptr;
+  if (depth > kMaxNesting) throw Error(where + ": Sequence nested more than " + std::to_string(kMaxNesting) + " deep");
   const std::string type = require_string(j, "type", where);
   if (type == "ByteLevel") {
     info.byte_level = true;
@@ -339,7 +356,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, D
     if (!list.is_array()) throw Error(where + ".decoders: expected an array");
     std::vector<std::unique_ptr<Decoder>> parts;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto d = make_decoder(list[i], where + ".decoders[" + std::to_string(i) + "]", info);
+      auto d = make_decoder(list[i], where + ".decoders[" + std::to_string(i) + "]", info, depth + 1);
       if (d) parts.push_back(std::move(d));
     }
     return std::make_unique<SequenceDecoder>(std::move(parts));
@@ -348,8 +365,9 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where, D
               "' is not supported (supported: ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, Sequence)");
 }
 
-std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& where) {
+std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& where, int depth) {
   if (j.is_null()) return nullptr;
+  if (depth > kMaxNesting) throw Error(where + ": Sequence nested more than " + std::to_string(kMaxNesting) + " deep");
   const std::string type = require_string(j, "type", where);
   if (type == "TemplateProcessing") return std::make_unique<TemplateProcessing>(j, where);
   if (type == "ByteLevel") return std::make_unique<NoOpProcessor>();
@@ -359,7 +377,7 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
     if (!list.is_array()) throw Error(where + ".processors: expected an array");
     std::vector<std::unique_ptr<PostProcessor>> parts;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_post_processor(list[i], where + ".processors[" + std::to_string(i) + "]");
+      auto p = make_post_processor(list[i], where + ".processors[" + std::to_string(i) + "]", depth + 1);
       if (p) parts.push_back(std::move(p));
     }
     return std::make_unique<SequenceProcessor>(std::move(parts));

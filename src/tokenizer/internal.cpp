@@ -247,7 +247,7 @@ Regex::Regex(const std::string& pattern, const std::string& where) {
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &err, &off, nullptr);
   if (!code) {
     throw Error(where + ": cannot compile regex '" + pattern + "': " + pcre2_message(err) +
                 " at offset " + std::to_string(off));

@@ -162,8 +162,9 @@ class Sequence final : public Normalizer {
 
 }  // namespace
 
-std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where) {
+std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where, int depth) {
   if (j.is_null()) return nullptr;
+  if (depth > kMaxNesting) throw Error(where + ": Sequence nested more than " + std::to_string(kMaxNesting) + " deep");
   const std::string type = require_string(j, "type", where);
   if (type == "NFC") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE, type);
   if (type == "NFD") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, type);
@@ -180,7 +181,7 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
     if (!list.is_array()) throw Error(where + ".normalizers: expected an array");
     std::vector<std::unique_ptr<Normalizer>> parts;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto n = make_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
+      auto n = make_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", depth + 1);
       if (n) parts.push_back(std::move(n));
     }
     return std::make_unique<Sequence>(std::move(parts));

@@ -282,7 +282,8 @@ class Metaspace final : public PreTokenizer {
   bool split_ = true;
 };
 
-void build(const json& j, const std::string& where, PreTokenizerChain& chain) {
+void build(const json& j, const std::string& where, PreTokenizerChain& chain, int depth) {
+  if (depth > kMaxNesting) throw Error(where + ": Sequence nested more than " + std::to_string(kMaxNesting) + " deep");
   if (chain.byte_level)
     throw Error(where + ": a pre-tokenizer after ByteLevel is not supported (ByteLevel must come last)");
   const std::string type = require_string(j, "type", where);
@@ -290,7 +291,7 @@ void build(const json& j, const std::string& where, PreTokenizerChain& chain) {
     const json& list = require_field(j, "pretokenizers", where);
     if (!list.is_array()) throw Error(where + ".pretokenizers: expected an array");
     for (size_t i = 0; i < list.size(); ++i)
-      build(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", chain);
+      build(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", chain, depth + 1);
   } else if (type == "Split") {
     chain.steps.push_back(std::make_unique<Split>(j, where));
   } else if (type == "ByteLevel") {
@@ -310,7 +311,7 @@ void build(const json& j, const std::string& where, PreTokenizerChain& chain) {
 
 PreTokenizerChain make_pre_tokenizer(const json& j, const std::string& where) {
   PreTokenizerChain chain;
-  if (!j.is_null()) build(j, where, chain);
+  if (!j.is_null()) build(j, where, chain, 0);
   return chain;
 }
 

@@ -109,7 +109,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-json parse_json(const std::string& text, const std::string& path) {
+json parse_json(std::string_view text, const std::string& path) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
@@ -156,16 +156,16 @@ struct Tokenizer::Impl {
   void encode_into(std::string_view text, std::vector<int32_t>& ids) const;
   bool tail_incomplete(std::span<const int32_t> ids, bool skip_special) const;
 
-  void load_tokenizer_json(const std::string& file);
+  void load_tokenizer_json(const std::string& text, const std::string& file);
   void load_config(const std::string& dir);
 };
 
 // ---------------------------------------------------------------------------------------------
 // Loading
 
-void Tokenizer::Impl::load_tokenizer_json(const std::string& file) {
+void Tokenizer::Impl::load_tokenizer_json(const std::string& text, const std::string& file) {
   path = file;
-  const json root = parse_json(read_file(file), file);
+  const json root = parse_json(text, file);
   if (!root.is_object()) throw Error(file + ": expected a JSON object at the top level");
   const std::string w = file + ": ";
   if (auto it = root.find("version"); it != root.end() && !(it->is_string() && *it == "1.0"))
@@ -244,6 +244,8 @@ void Tokenizer::Impl::load_tokenizer_json(const std::string& file) {
   // decode() skips by content, so a model token spelled like a special token is skipped too.
   for (const auto& [content, id] : special_contents)
     if (auto mid = model->token_to_id(content)) special[*mid] = 1;
+
+  if (post) post->check_ids([&](int32_t id) { return piece(id) != nullptr; });
 
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& t = added[i];
@@ -333,7 +335,13 @@ void Tokenizer::Impl::load_config(const std::string& dir) {
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json_path) {
   auto impl = std::make_shared<Impl>();
-  impl->load_tokenizer_json(tokenizer_json_path);
+  impl->load_tokenizer_json(read_file(tokenizer_json_path), tokenizer_json_path);
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::string& source_name) {
+  auto impl = std::make_shared<Impl>();
+  impl->load_tokenizer_json(std::string(tokenizer_json), source_name);
   return Tokenizer(std::move(impl));
 }
 
@@ -342,7 +350,8 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
   auto impl = std::make_shared<Impl>();
-  impl->load_tokenizer_json((fs::path(dir) / "tokenizer.json").string());
+  const std::string file = (fs::path(dir) / "tokenizer.json").string();
+  impl->load_tokenizer_json(read_file(file), file);
   impl->load_config(dir);
   return Tokenizer(std::move(impl));
 }

@@ -29,6 +29,8 @@ class Tokenizer {
  public:
   // Loads a tokenizer.json. Throws ingot::Error naming the file and field on any problem.
   static Tokenizer from_file(const std::string& tokenizer_json_path);
+  // Same, from the text of a tokenizer.json; `source_name` stands for the file in messages.
+  static Tokenizer from_json(std::string_view tokenizer_json, const std::string& source_name);
   // Loads <dir>/tokenizer.json plus, when present, <dir>/tokenizer_config.json (bos/eos tokens,
   // chat_template), <dir>/chat_template.jinja (preferred over the config's template) and
   // <dir>/generation_config.json (its eos_token_id ids join eos_ids()).
