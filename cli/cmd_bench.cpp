@@ -38,15 +38,16 @@ void add_bench(CLI::App& app) {
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
-  a->model.add_to(*cmd, false);
+  a->model.add_to(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
   cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
   cmd->add_option("--new-tokens", a->new_tokens, "generated tokens")->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->callback([a] {
-    if (a->model.model_dir.empty() == a->config.empty()) throw Error("bench: give exactly one of --model or --config");
-    std::unique_ptr<Engine> engine;
+    const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
+    if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
+    EngineSource src;
     if (!a->config.empty()) {
       std::ifstream in(a->config);
       if (!in) throw Error(a->config + ": cannot open");
@@ -58,13 +59,13 @@ void add_bench(CLI::App& app) {
       }
       ModelSpec spec = parse_model_config(j, a->config);
       DType dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
-      engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
+      src.engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
     } else {
-      BuildOptions bo;
-      if (!a->model.dtype.empty()) bo.dtype = parse_dtype(a->model.dtype);
-      engine = std::make_unique<Engine>(build_engine(a->model.model_dir, bo));
+      src = open_engine(a->model);
     }
+    const Engine* engine = src.engine.get();
     const std::string dev = resolve_device(a->model.device);
+    check_device(src, dev);
     auto backend = make_backend(dev, engine->weight_dtype, a->model.threads);
     const ModelSpec& s = engine->spec;
     nlohmann::json results = nlohmann::json::array();
@@ -75,6 +76,7 @@ void add_bench(CLI::App& app) {
       rt.max_batch = B;
       rt.capacity = slots_needed(a->prompt_len, a->new_tokens);
       rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
+      rt = fit_engine_bounds(src, rt, false);
       Model m(*engine, *backend, rt);
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
       for (auto& p : prompts)

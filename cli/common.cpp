@@ -3,12 +3,20 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "progress.h"
+
+#ifdef INGOT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace ingot::cli {
 
-void ModelArgs::add_to(CLI::App& app, bool require_model) {
-  auto* o = app.add_option("--model", model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
-  if (require_model) o->required();
+void ModelArgs::add_to(CLI::App& app) {
+  auto* m = app.add_option("--model", model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
+  auto* e = app.add_option("--engine", engine_path, "engine file from `ingot build` (instead of --model)");
+  m->excludes(e);
+  app.add_flag("--no-verify", no_verify, "skip the engine file's weight checksums (faster load)");
+  app.add_flag("--quiet", quiet, "no progress bar");
   app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's; on the GPU "
                                    "also the activation dtype)");
@@ -34,12 +42,67 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
   throw Error("unknown device '" + device + "'");
 }
 
-Loaded load_model(const ModelArgs& a, RuntimeOptions rt) {
-  Loaded l;
-  BuildOptions bo;
-  if (!a.dtype.empty()) bo.dtype = parse_dtype(a.dtype);
-  l.engine = std::make_unique<Engine>(build_engine(a.model_dir, bo));
+EngineSource open_engine(const ModelArgs& a) {
+  if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  EngineSource src;
+  if (a.engine_path.empty()) {
+    BuildOptions bo;
+    if (!a.dtype.empty()) bo.dtype = parse_dtype(a.dtype);
+    src.engine = std::make_unique<Engine>(build_engine(a.model_dir, bo));
+    return src;
+  }
+  LoadOptions lo;
+  lo.verify = !a.no_verify;
+  ProgressBar bar("verifying", a.quiet);
+  lo.progress = bar.fn();
+  LoadedEngine le = load_engine(a.engine_path, lo);
+  if (!a.dtype.empty() && parse_dtype(a.dtype) != le.engine.weight_dtype)
+    throw Error(a.engine_path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
+                " weights; --dtype " + a.dtype + " cannot change them (rebuild with `ingot build --dtype " + a.dtype + "`)");
+  src.engine = std::make_unique<Engine>(std::move(le.engine));
+  src.file = std::move(le.info);
+  return src;
+}
+
+RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given) {
+  if (!src.file) return rt;
+  const EngineFileInfo& f = *src.file;
+  if (rt.max_batch > f.max_batch)
+    throw Error(f.path + ": this run needs max batch " + std::to_string(rt.max_batch) +
+                " but the engine was built for at most " + std::to_string(f.max_batch) +
+                " (rebuild with `ingot build --max-batch N`)");
+  if (rt.capacity > f.capacity)
+    throw Error(f.path + ": this run needs capacity " + std::to_string(rt.capacity) +
+                " cache slots but the engine was built for at most " + std::to_string(f.capacity) +
+                " (rebuild with `ingot build --capacity N`)");
+  if (layout_given && rt.layout != f.layout)
+    throw Error(f.path + ": the engine was built for the " + layout_name(f.layout) + " cache layout, not " +
+                layout_name(rt.layout) + " (rebuild with `ingot build --layout " + layout_name(rt.layout) + "`)");
+  rt.max_batch = f.max_batch;
+  rt.capacity = f.capacity;
+  rt.layout = f.layout;
+  return rt;
+}
+
+void check_device(const EngineSource& src, const std::string& device) {
+  if (!src.file || device != "cuda") return;
+#ifdef INGOT_WITH_CUDA
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    throw Error("cannot query the compute capability of GPU 0");
+  check_device_capability(*src.file, major, minor);
+#endif
+}
+
+Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
+  EngineSource src = open_engine(a);
+  rt = fit_engine_bounds(src, rt, layout_given);
   const std::string dev = resolve_device(a.device);
+  check_device(src, dev);
+  Loaded l;
+  l.engine = std::move(src.engine);
+  l.engine_file = std::move(src.file);
   l.backend = make_backend(dev, l.engine->weight_dtype, a.threads);
   l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
   return l;

@@ -3,10 +3,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/engine_file.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 
@@ -14,15 +16,28 @@ namespace ingot::cli {
 
 struct ModelArgs {
   std::string model_dir;  // --model
+  std::string engine_path;  // --engine (an engine file from `ingot build`), the alternative to --model
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string dtype;      // --dtype (weights and, on the GPU, activations)
   int threads = 0;        // --threads (CPU)
-  void add_to(CLI::App& app, bool require_model = true);
+  bool no_verify = false;  // --no-verify: skip the engine file's blob checksums
+  bool quiet = false;      // --quiet: no progress bar
+  // Commands that run a model need exactly one of --model / --engine (checked by open_engine).
+  void add_to(CLI::App& app);
+  const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
+};
+
+// The engine a command runs: built from --model, or loaded from --engine (then `file` says what the
+// file stores: bounds, tokenizer, provenance).
+struct EngineSource {
+  std::unique_ptr<Engine> engine;
+  std::optional<EngineFileInfo> file;
 };
 
 // A model ready to run: the engine, the backend and the runtime that binds them.
 struct Loaded {
   std::unique_ptr<Engine> engine;
+  std::optional<EngineFileInfo> engine_file;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
 };
@@ -30,7 +45,14 @@ struct Loaded {
 std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads);
 // Resolves "auto" to cuda when a GPU is usable, else cpu.
 std::string resolve_device(const std::string& device);
-Loaded load_model(const ModelArgs& a, RuntimeOptions rt);
+EngineSource open_engine(const ModelArgs& a);
+// With an engine file: throws Error when `rt` asks for more than the stored bounds (or, when
+// layout_given, another layout), else returns rt with the stored bounds, which the Model then
+// enforces exactly as it did for the build. With a checkpoint: rt unchanged.
+RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given);
+// Refuses a GPU the engine file was not built for (before any GPU work).
+void check_device(const EngineSource& src, const std::string& device);
+Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = false);
 
 std::vector<int32_t> parse_ids(const std::string& csv);
 std::vector<int> parse_int_list(const std::string& csv);
@@ -39,5 +61,7 @@ std::vector<int> parse_int_list(const std::string& csv);
 void add_generate(CLI::App& app);
 void add_check(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_build(CLI::App& app);
+void add_inspect(CLI::App& app);
 
 }  // namespace ingot::cli

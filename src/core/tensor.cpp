@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 namespace ingot {
 
@@ -18,6 +19,19 @@ HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::mo
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, rounded ? rounded : 64);
   buf_.reset(p);
+}
+
+HostTensor HostTensor::borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner) {
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.borrowed_ = data;
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+void HostTensor::refuse_write() {
+  throw std::logic_error("a borrowed (read-only) tensor was opened for writing");
 }
 
 }  // namespace ingot

@@ -1,5 +1,7 @@
-// Host tensors: a non-owning view (dtype, shape, pointer) and an owning, 64-byte-aligned buffer.
-// Row-major and contiguous throughout; strided views exist only inside the backends.
+// Host tensors: a non-owning view (dtype, shape, pointer) and an owning, 64-byte-aligned buffer, which
+// may instead borrow read-only memory that a shared owner keeps alive (an engine file's mapping, so
+// loading never copies weights). Row-major and contiguous throughout; strided views exist only inside
+// the backends.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -34,18 +36,25 @@ class HostTensor {
  public:
   HostTensor() = default;
   HostTensor(DType dtype, Shape shape);  // zero-filled
+  // Read-only tensor over `data`, valid while `owner` lives; no copy is made.
+  static HostTensor borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t numel() const { return ingot::numel(shape_); }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
-  void* data() { return buf_.get(); }
-  const void* data() const { return buf_.get(); }
+  bool borrowed() const { return owner_ != nullptr; }
+  // Writable access; throws std::logic_error on a borrowed tensor, whose memory may be read-only.
+  void* data() {
+    if (owner_) refuse_write();
+    return buf_.get();
+  }
+  const void* data() const { return owner_ ? borrowed_ : buf_.get(); }
   template <typename T>
   T* as() { return static_cast<T*>(data()); }
   template <typename T>
   const T* as() const { return static_cast<const T*>(data()); }
-  TensorView view() const { return {dtype_, shape_, buf_.get()}; }
+  TensorView view() const { return {dtype_, shape_, data()}; }
 
  private:
   struct Free {
@@ -53,7 +62,10 @@ class HostTensor {
   };
   DType dtype_ = DType::F32;
   Shape shape_;
+  [[noreturn]] static void refuse_write();
   std::unique_ptr<void, Free> buf_;
+  std::shared_ptr<const void> owner_;  // set only for borrowed tensors
+  const void* borrowed_ = nullptr;
 };
 
 }  // namespace ingot

@@ -1,0 +1,54 @@
+// `ingot build`: turns a checkpoint folder into one engine file (docs/engine-format.md) holding the
+// runtime-layout weights, the bounds the engine will run under, the tokenizer and the provenance.
+#include <cstdio>
+
+#include "common.h"
+#include "core/error.h"
+#include "progress.h"
+
+namespace ingot::cli {
+
+void add_build(CLI::App& app) {
+  auto* cmd = app.add_subcommand("build", "Build an engine file from a checkpoint folder");
+  struct Args {
+    std::string model_dir, output, dtype, layout = "heads_first";
+    int max_batch = 1;
+    int64_t capacity = 0;
+    bool quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)")->required();
+  cmd->add_option("-o,--output", a->output, "engine file to write")->required();
+  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)");
+  cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(CLI::PositiveNumber);
+  cmd->add_option("--capacity", a->capacity, "cache slots per sequence (default: max_position_embeddings)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
+      ->check(CLI::IsMember({"heads_first", "flattened"}));
+  cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->callback([a] {
+    EngineBuildInfo info;
+    info.bounds.max_batch = a->max_batch;
+    info.bounds.capacity = a->capacity;
+    info.bounds.layout = parse_layout(a->layout);
+    BuildOptions bo;
+    if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);
+    {
+      // Hashing first also pages the checkpoint in for the conversion that follows.
+      ProgressBar bar("hashing", a->quiet);
+      info.source = describe_checkpoint(a->model_dir, bar.fn());
+    }
+    const Engine engine = build_engine(a->model_dir, bo);
+    {
+      ProgressBar bar("writing", a->quiet);
+      save_engine(engine, info, a->output, bar.fn());
+    }
+    const EngineFileInfo f = inspect_engine(a->output);
+    std::printf("wrote %s: %s, %lld layers, %s weights (%.2f MB), max batch %d, capacity %lld, layout %s\n",
+                a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers,
+                std::string(dtype_name(f.weight_dtype)).c_str(), double(engine.weight_bytes()) / 1e6, f.max_batch,
+                (long long)f.capacity, layout_name(f.layout).c_str());
+  });
+}
+
+}  // namespace ingot::cli

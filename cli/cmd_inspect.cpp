@@ -1,0 +1,102 @@
+// `ingot inspect`: prints what an engine file says about itself (architecture, bounds, cache layout,
+// requirements, tokenizer, provenance), as text or as JSON; --verify also checks every blob.
+#include <xxhash.h>
+
+#include <cstdio>
+
+#include "common.h"
+#include "progress.h"
+
+namespace ingot::cli {
+
+namespace {
+
+// Embedded texts (tokenizer.json is megabytes) are shown by size and hash, not verbatim.
+nlohmann::json summarise_texts(const nlohmann::json& tokenizer) {
+  nlohmann::json out = nlohmann::json::object();
+  for (auto it = tokenizer.begin(); it != tokenizer.end(); ++it) {
+    if (it->is_string()) {
+      const std::string& t = it->get_ref<const std::string&>();
+      out[it.key()] = {{"bytes", t.size()}, {"xxh64", xxh64_hex(XXH64(t.data(), t.size(), 0))}};
+    } else {
+      out[it.key()] = nullptr;
+    }
+  }
+  return out;
+}
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app) {
+  auto* cmd = app.add_subcommand("inspect", "Print an engine file's metadata");
+  struct Args {
+    std::string path;
+    bool json = false, verify = false, quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("engine", a->path, "engine file")->required();
+  cmd->add_flag("--json", a->json, "print the metadata as JSON (embedded texts by size and hash)");
+  cmd->add_flag("--verify", a->verify, "also check every weight's checksum");
+  cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->callback([a] {
+    EngineFileInfo f;
+    if (a->verify) {
+      ProgressBar bar("verifying", a->quiet);
+      LoadOptions lo;
+      lo.progress = bar.fn();
+      const EngineFileInfo header = inspect_engine(a->path);  // inspecting, not running: any rank will do
+      lo.tp_world_size = header.tp_world_size;
+      lo.tp_rank = header.tp_rank;
+      f = load_engine(a->path, lo).info;
+    } else {
+      f = inspect_engine(a->path);
+    }
+    nlohmann::json m = f.metadata;
+    m["tokenizer"] = summarise_texts(m["tokenizer"]);
+    if (a->json) {
+      nlohmann::json out = {{"file", f.path}, {"format_version", f.format_version}, {"file_bytes", f.file_bytes},
+                            {"verified", a->verify}, {"metadata", m}};
+      std::printf("%s\n", out.dump(2).c_str());
+      return;
+    }
+    const ModelSpec& s = f.spec;
+    uint64_t weight_bytes = 0;
+    for (const auto& t : f.tensors) weight_bytes += t.bytes;
+    std::printf("engine       %s (format %u, %.2f MB)%s\n", f.path.c_str(), f.format_version, f.file_bytes / 1e6,
+                a->verify ? ", checksums verified" : "");
+    std::printf("built by     ingot %s (git %s)\n", m["tool"]["version"].get<std::string>().c_str(),
+                m["tool"]["git_revision"].get<std::string>().c_str());
+    std::printf("model        %s: %lld layers, hidden %lld, heads %lld (kv %lld), head_dim %lld, intermediate %lld, "
+                "vocab %lld, max positions %lld, rope %s\n",
+                s.family.c_str(), (long long)s.layers, (long long)s.hidden, (long long)s.heads, (long long)s.kv_heads,
+                (long long)s.head_dim, (long long)s.intermediate, (long long)s.vocab, (long long)s.max_position,
+                s.rope.type.c_str());
+    std::printf("weights      %s, quantization %s, %zu tensors, %.2f MB\n", std::string(dtype_name(f.weight_dtype)).c_str(),
+                m["weights"]["quantization"].get<std::string>().c_str(), f.tensors.size(), weight_bytes / 1e6);
+    std::printf("bounds       max batch %d, capacity %lld\n", f.max_batch, (long long)f.capacity);
+    const nlohmann::json& kv = m["runtime"]["kv_cache"];
+    std::printf("kv cache     %s %s per layer (K and V), axes %s, capacity on axis %d\n", layout_name(f.layout).c_str(),
+                kv["shape"].dump().c_str(), kv["axes"].dump().c_str(), kv["capacity_axis"].get<int>());
+    std::printf("eos ids      %s\n", ints(s.eos_ids).c_str());
+    std::printf("parallel     tensor-parallel world size %d, rank %d\n", f.tp_world_size, f.tp_rank);
+    std::printf("requires     CUDA compute capability %d.%d or newer (%s)\n", f.min_cuda_major, f.min_cuda_minor,
+                m["requirements"].value("reason", "").c_str());
+    for (auto it = m["tokenizer"].begin(); it != m["tokenizer"].end(); ++it)
+      std::printf("text         %-24s %s\n", it.key().c_str(),
+                  it->is_null() ? "absent" : (std::to_string((*it)["bytes"].get<uint64_t>()) + " bytes").c_str());
+    std::printf("generation   %s\n", f.generation_defaults.dump().c_str());
+    std::printf("build        %s\n", m["build_options"].dump().c_str());
+    std::printf("source       %s\n", m["source"]["checkpoint"].get<std::string>().c_str());
+    for (const auto& file : m["source"]["files"])
+      std::printf("             %-36s %12llu bytes  xxh64 %s\n", file["name"].get<std::string>().c_str(),
+                  (unsigned long long)file["bytes"].get<uint64_t>(), file["xxh64"].get<std::string>().c_str());
+  });
+}
+
+}  // namespace ingot::cli
