@@ -1,0 +1,348 @@
+// The CUDA backend: device memory with peak tracking, one stream that every op runs on, cuBLASLt for
+// matrix products (one workspace, plans cached per shape), a weight-streaming GEMV for few tokens,
+// CUDA graph capture, and the op launchers of the other files in this directory.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot {
+namespace cuda {
+namespace {
+
+void check_lt(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cublasLt: ") + what + " failed with status " + std::to_string(int(st)));
+}
+
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { check(cudaEventCreate(&e_), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraph_t g, cudaStream_t s) : graph_(g), stream_(s) {
+    check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+  }
+  ~CudaGraph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void replay() override { check(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  cudaStream_t stream_;
+};
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F16: return CUDA_R_16F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: throw Error("cuda backend: linear does not support dtype " + std::string(dtype_name(t)));
+  }
+}
+
+// One matmul shape's descriptors and the algorithm chosen for it.
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~LtPlan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+constexpr size_t kLtWorkspace = size_t(32) << 20;
+constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
+constexpr size_t kStaging = size_t(4) << 20;
+constexpr size_t kStagedMax = size_t(256) << 10;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(DType dtype, int device) : dtype_(dtype), device_(device) {
+    if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
+      throw Error("cuda backend: activation dtype must be f32, f16 or bf16, got " + std::string(dtype_name(dtype)));
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) throw Error("cuda backend: no usable CUDA device");
+    if (device < 0 || device >= n)
+      throw Error("cuda backend: device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " found)");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaGetDeviceProperties(&props_, device), "cudaGetDeviceProperties");
+    stream_ = std::make_unique<Stream>();
+    check_lt(cublasLtCreate(&lt_), "cublasLtCreate");
+    lt_ws_ = alloc(kLtWorkspace);
+    attn_ws_ = static_cast<float*>(alloc(kAttnScratchFloats * sizeof(float)));
+    check(cudaMallocHost(&staging_, kStaging), "cudaMallocHost");
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_->get());
+    plans_.clear();
+    if (lt_) cublasLtDestroy(lt_);
+    free(lt_ws_);
+    free(attn_ws_);
+    if (staging_) cudaFreeHost(staging_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return dtype_; }
+
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error("cuda backend: cannot allocate " + std::to_string(bytes) + " bytes on " + props_.name + " (" +
+                  std::to_string(free_b) + " bytes free of " + std::to_string(total_b) + "): " + cudaGetErrorString(e));
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    sizes_[p] = bytes;
+    current_ += bytes;
+    peak_ = std::max(peak_, current_);
+    return p;
+  }
+  void free(void* p) noexcept override {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = sizes_.find(p);
+      if (it != sizes_.end()) {
+        current_ -= it->second;
+        sizes_.erase(it);
+      }
+    }
+    // Work queued on the stream may still read p; cudaFree waits for the device to be idle.
+    cudaFree(p);
+  }
+  size_t peak_memory_bytes() const override { return peak_; }
+
+  void upload(void* dst, const void* src, size_t n) override {
+    if (n == 0) return;
+    if (n <= kStagedMax) {
+      // Small metadata goes through pinned staging so the copy is truly asynchronous; when the ring
+      // wraps, earlier copies out of it must have finished before their bytes are overwritten.
+      if (staging_off_ + n > kStaging) {
+        synchronize();
+        staging_off_ = 0;
+      }
+      uint8_t* st = static_cast<uint8_t*>(staging_) + staging_off_;
+      std::memcpy(st, src, n);
+      staging_off_ += (n + 255) / 256 * 256;
+      check(cudaMemcpyAsync(dst, st, n, cudaMemcpyHostToDevice, stream_->get()), "upload");
+    } else {
+      // Pageable source: the call returns once the bytes are staged by the driver, so src may be
+      // reused afterwards.
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_->get()), "upload");
+    }
+  }
+  void download(void* dst, const void* src, size_t n) override {
+    if (n == 0) return;
+    if (n <= kStagedMax) {
+      if (staging_off_ + n > kStaging) staging_off_ = 0;  // the sync below also retires the ring
+      check(cudaMemcpyAsync(staging_, src, n, cudaMemcpyDeviceToHost, stream_->get()), "download");
+      synchronize();
+      std::memcpy(dst, staging_, n);
+      staging_off_ = 0;
+    } else {
+      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_->get()), "download");
+      synchronize();
+    }
+  }
+  void fill_zero(void* dst, size_t n) override { check(cudaMemsetAsync(dst, 0, n, stream_->get()), "fill_zero"); }
+  void synchronize() override { check(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize"); }
+
+  std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
+    cudaStream_t s = stream_->get();
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      body();
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(s, &g);
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
+    return std::make_unique<CudaGraph>(g, s);
+  }
+
+  double copy_bandwidth_gbs() override {
+    if (bandwidth_ > 0) return bandwidth_;
+    // A copy far larger than the L2 cache, timed over several repetitions after a warm-up.
+    const size_t bytes = size_t(2) << 30;
+    void* a = alloc(bytes);
+    void* b = nullptr;
+    try {
+      b = alloc(bytes);
+    } catch (...) {
+      free(a);
+      throw;
+    }
+    Event e0, e1;
+    cudaStream_t s = stream_->get();
+    check(cudaMemsetAsync(a, 1, bytes, s), "bandwidth fill");
+    check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "bandwidth warm-up");
+    const int reps = 10;
+    check(cudaEventRecord(e0.get(), s), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i)
+      check(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, s), "bandwidth copy");
+    check(cudaEventRecord(e1.get(), s), "cudaEventRecord");
+    check(cudaEventSynchronize(e1.get()), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "cudaEventElapsedTime");
+    free(a);
+    free(b);
+    bandwidth_ = 2.0 * double(bytes) * reps / (double(ms) * 1e-3) / 1e9;
+    return bandwidth_;
+  }
+
+  void embedding(const Mat& table, const int32_t* ids, const Mat& out) override {
+    launch_embedding(table, ids, out, stream_->get());
+  }
+  void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType wt, float eps, const Mat& out) override {
+    launch_add_rmsnorm(x, delta, weight, wt, eps, out, stream_->get());
+  }
+  void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
+    if (w.dtype != dtype_ || x.dtype != dtype_ || y.dtype != dtype_)
+      throw Error("cuda backend: linear got " + std::string(dtype_name(w.dtype)) + " weights and " +
+                  std::string(dtype_name(x.dtype)) + " activations on a " + std::string(dtype_name(dtype_)) +
+                  " backend; build the engine in the backend's dtype (--dtype)");
+    if (x.cols != w.cols || y.cols != w.rows || y.rows != x.rows)
+      throw Error("cuda backend: linear shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                  "], w [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], y [" +
+                  std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]");
+    if (x.rows == 0) return;
+    if (launch_gemv(x, w, bias, y, stream_->get())) return;
+    matmul(x, w, y);
+    if (bias) launch_add_bias(y, bias, stream_->get());
+  }
+  void rope_cache_write(const RopeWriteParams& p) override { launch_rope_cache_write(p, stream_->get()); }
+  void attention(const AttentionParams& p) override {
+    launch_attention(p, attn_ws_, kAttnScratchFloats, stream_->get());
+  }
+  void swiglu(const Mat& gu, const Mat& out) override { launch_swiglu(gu, out, stream_->get()); }
+  void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
+    launch_gather_rows(src, idx, dst, stream_->get());
+  }
+  void argmax(const Mat& logits, int32_t* out) override { launch_argmax(logits, out, stream_->get()); }
+  void to_f32(const Mat& src, float* dst) override {
+    const size_t es = dtype_size(src.dtype);
+    std::vector<uint8_t> raw(size_t(src.cols) * es);
+    for (int64_t r = 0; r < src.rows; ++r) {
+      download(raw.data(), static_cast<const uint8_t*>(src.data) + size_t(r * src.ld) * es, raw.size());
+      convert_to_f32(src.dtype, raw.data(), dst + r * src.cols, size_t(src.cols));
+    }
+  }
+
+ private:
+  // y [T, N] = x [T, K] w[N, K]^T. In cuBLASLt's column-major terms: C (N x T) = op(A) B with
+  // A = w read as a K x N matrix (transposed), B = x read as K x T.
+  void matmul(const Mat& x, const Mat& w, const Mat& y) {
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+    const Key key{y.rows, w.rows, w.cols, w.ld, x.ld, y.ld, int(dtype_)};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(x, w, y)).first;
+    const LtPlan& p = *it->second;
+    const float alpha = 1.0f, beta = 0.0f;
+    check_lt(cublasLtMatmul(lt_, p.op, &alpha, w.data, p.a, x.data, p.b, &beta, y.data, p.c, y.data, p.c, &p.algo,
+                            lt_ws_, kLtWorkspace, stream_->get()),
+             "cublasLtMatmul");
+  }
+
+  std::unique_ptr<LtPlan> make_plan(const Mat& x, const Mat& w, const Mat& y) {
+    auto p = std::make_unique<LtPlan>();
+    const cudaDataType_t t = lt_type(dtype_);
+    // f32 stays exact f32 (no TF32); 16-bit types accumulate in f32.
+    check_lt(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+    check_lt(cublasLtMatrixLayoutCreate(&p->a, t, uint64_t(w.cols), uint64_t(w.rows), w.ld), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&p->b, t, uint64_t(x.cols), uint64_t(x.rows), x.ld), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(y.cols), uint64_t(y.rows), y.ld), "layout C");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    const uint64_t ws = kLtWorkspace;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // In-place split-K reductions accumulate with atomics in an unspecified order; excluding them keeps
+    // every product deterministic (graph replay must equal direct execution bit for bit).
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                          CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    check_lt(st, "AlgoGetHeuristic");
+    if (found == 0)
+      throw Error("cublasLt: no algorithm for a " + std::to_string(y.rows) + " x " + std::to_string(w.rows) + " x " +
+                  std::to_string(w.cols) + " " + std::string(dtype_name(dtype_)) + " product");
+    p->algo = res.algo;
+    return p;
+  }
+
+  DType dtype_;
+  int device_;
+  cudaDeviceProp props_{};
+  std::unique_ptr<Stream> stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_ws_ = nullptr;
+  float* attn_ws_ = nullptr;
+  void* staging_ = nullptr;
+  size_t staging_off_ = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::unique_ptr<LtPlan>> plans_;
+  std::mutex mu_;
+  std::map<void*, size_t> sizes_;
+  size_t current_ = 0, peak_ = 0;
+  double bandwidth_ = 0;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device) {
+  return std::make_unique<cuda::CudaBackend>(dtype, device);
+}
+
+bool cuda_available() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+}  // namespace ingot

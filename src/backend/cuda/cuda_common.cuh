@@ -1,0 +1,69 @@
+// Shared pieces of the CUDA backend's kernels: error checks that turn CUDA failures into ingot::Error,
+// element conversions for the three activation dtypes, and the launchers every op family defines (one
+// .cu per family, each taking the backend's stream). Launchers dispatch on the runtime DType to
+// explicit template instantiations.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace ingot::cuda {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
+}
+// After every launch: configuration errors surface here, asynchronous faults at the next sync.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// f32 <-> element conversions (round to nearest even for the 16-bit types, as torch does).
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// One element of a small vector (norm weights, biases) whose dtype is only known at run time.
+__device__ __forceinline__ float load_any(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Calls f with a null pointer of the element type of dt (f32, f16 or bf16).
+template <typename F>
+void dispatch(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::F32: f(static_cast<float*>(nullptr)); return;
+    case DType::F16: f(static_cast<__half*>(nullptr)); return;
+    case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
+    default: throw Error(std::string("cuda backend: ") + op + " does not support dtype " + std::string(dtype_name(dt)));
+  }
+}
+
+// Launchers (defined in the .cu of each family).
+void launch_embedding(const Mat& table, const int32_t* ids, const Mat& out, cudaStream_t s);
+void launch_add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType wt, float eps, const Mat& out,
+                        cudaStream_t s);
+void launch_rope_cache_write(const RopeWriteParams& p, cudaStream_t s);
+// Scratch for split-KV partial results; `ws_floats` bounds how many splits the decode kernel may use.
+void launch_attention(const AttentionParams& p, float* ws, size_t ws_floats, cudaStream_t s);
+void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
+void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
+void launch_argmax(const Mat& logits, int32_t* out, cudaStream_t s);
+// y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
+// suit it (the caller then uses cuBLASLt).
+bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
+// Adds bias [N] (dtype of y) to every row of y.
+void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
+
+}  // namespace ingot::cuda

@@ -1,0 +1,151 @@
+// Small element-wise and row ops: SwiGLU, row gather, bias add and greedy argmax.
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot::cuda {
+namespace {
+
+struct SwigluArgs {
+  const void* gu;
+  int64_t gu_ld;
+  void* out;
+  int64_t out_ld, inter, rows;
+};
+
+template <typename T>
+__global__ void swiglu_kernel(SwigluArgs a) {
+  const int64_t total = a.rows * a.inter;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / a.inter, i = k - t * a.inter;
+    const T* g = static_cast<const T*>(a.gu) + t * a.gu_ld;
+    const float gv = to_f(g[i]), uv = to_f(g[i + a.inter]);
+    static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(gv / (1.0f + expf(-gv)) * uv);
+  }
+}
+
+struct GatherArgs {
+  const uint8_t* src;
+  int64_t src_ld_bytes;
+  const int32_t* idx;
+  uint8_t* dst;
+  int64_t dst_ld_bytes, row_bytes;
+};
+
+__global__ void gather_rows_kernel(GatherArgs a) {
+  const uint8_t* s = a.src + int64_t(a.idx[blockIdx.x]) * a.src_ld_bytes;
+  uint8_t* d = a.dst + int64_t(blockIdx.x) * a.dst_ld_bytes;
+  for (int64_t i = threadIdx.x; i < a.row_bytes; i += blockDim.x) d[i] = s[i];
+}
+
+struct BiasArgs {
+  void* y;
+  int64_t y_ld, cols, rows;
+  const void* bias;
+};
+
+template <typename T>
+__global__ void add_bias_kernel(BiasArgs a) {
+  const int64_t total = a.rows * a.cols;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / a.cols, n = k - t * a.cols;
+    T* y = static_cast<T*>(a.y) + t * a.y_ld + n;
+    *y = from_f<T>(to_f(*y) + to_f(static_cast<const T*>(a.bias)[n]));
+  }
+}
+
+struct ArgmaxArgs {
+  const void* logits;
+  int64_t ld, cols;
+  int32_t* out;
+};
+
+constexpr int kArgmaxThreads = 1024;
+
+// Keeps the larger value, and on equal values the lower index, so the result matches a sequential
+// first-maximum scan whatever the reduction order.
+__device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
+  const T* l = static_cast<const T*>(a.logits) + int64_t(blockIdx.x) * a.ld;
+  float bv = -FLT_MAX;
+  int bi = INT32_MAX;
+  for (int64_t j = threadIdx.x; j < a.cols; j += kArgmaxThreads) better(bv, bi, to_f(l[j]), int(j));
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    better(bv, bi, ov, oi);
+  }
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  if ((threadIdx.x & 31) == 0) {
+    sv[threadIdx.x / 32] = bv;
+    si[threadIdx.x / 32] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    bv = sv[threadIdx.x];
+    bi = si[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      better(bv, bi, ov, oi);
+    }
+    // A row of NaNs or -inf only: index 0, as a first-maximum scan that never advances.
+    if (threadIdx.x == 0) a.out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;
+  }
+}
+
+unsigned grid_for(int64_t total, int threads) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 132 * 16)));
+}
+
+}  // namespace
+
+void launch_swiglu(const Mat& gu, const Mat& out, cudaStream_t s) {
+  if (out.rows == 0) return;
+  if (gu.dtype != out.dtype) throw Error("cuda backend: swiglu operands must share the activation dtype");
+  SwigluArgs a{gu.data, gu.ld, out.data, out.ld, out.cols, out.rows};
+  dispatch(out.dtype, "swiglu", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    swiglu_kernel<T><<<grid_for(out.rows * out.cols, 256), 256, 0, s>>>(a);
+    check_launch("swiglu_kernel");
+  });
+}
+
+void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s) {
+  if (dst.rows == 0) return;
+  const int64_t es = int64_t(dtype_size(src.dtype));
+  GatherArgs a{static_cast<const uint8_t*>(src.data), src.ld * es, idx, static_cast<uint8_t*>(dst.data), dst.ld * es,
+               src.cols * es};
+  gather_rows_kernel<<<unsigned(dst.rows), 256, 0, s>>>(a);
+  check_launch("gather_rows_kernel");
+}
+
+void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
+  if (y.rows == 0) return;
+  BiasArgs a{y.data, y.ld, y.cols, y.rows, bias};
+  dispatch(y.dtype, "add_bias", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    add_bias_kernel<T><<<grid_for(y.rows * y.cols, 256), 256, 0, s>>>(a);
+    check_launch("add_bias_kernel");
+  });
+}
+
+void launch_argmax(const Mat& logits, int32_t* out, cudaStream_t s) {
+  if (logits.rows == 0) return;
+  ArgmaxArgs a{logits.data, logits.ld, logits.cols, out};
+  dispatch(logits.dtype, "argmax", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    argmax_kernel<T><<<unsigned(logits.rows), kArgmaxThreads, 0, s>>>(a);
+    check_launch("argmax_kernel");
+  });
+}
+
+}  // namespace ingot::cuda

@@ -1,0 +1,104 @@
+// Per-head q/k RMSNorm (Qwen3), RoPE (rotate-half on the first rot_dim dims of each head) on q in place
+// and on k, and K/V written to their cache slots, in one kernel: one warp per (token, head); kv heads
+// also copy V. cos/sin are evaluated in double from the f32 angle, as the CPU reference does.
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot::cuda {
+namespace {
+
+struct RopeArgs {
+  void* qkv;
+  int64_t qkv_ld;
+  const void* q_norm;
+  const void* k_norm;
+  DType norm_dtype;
+  float norm_eps;
+  const float* inv_freq;
+  int rot_dim;
+  float attn_scale;
+  int q_heads, kv_heads, head_dim;
+  const int32_t* row;
+  const int32_t* slot;
+  const int32_t* rope_pos;
+  void* k_cache;
+  void* v_cache;
+  int64_t batch_stride, head_stride, slot_stride;
+};
+
+constexpr int kWarps = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs a) {
+  extern __shared__ float smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * kWarps + warp;
+  if (h >= a.q_heads + a.kv_heads) return;
+  const int D = a.head_dim, half = a.rot_dim / 2;
+  const int64_t t = blockIdx.x;
+  float* buf = smem + warp * D;
+  T* row = static_cast<T*>(a.qkv) + t * a.qkv_ld;
+  const bool is_q = h < a.q_heads;
+  T* head = row + int64_t(h) * D;  // q heads, then k heads, contiguous
+  const void* nw = is_q ? a.q_norm : a.k_norm;
+
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float v = to_f(head[i]);
+    buf[i] = v;
+    ss += v * v;
+  }
+  if (nw) {
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = 1.0f / sqrtf(ss / float(D) + a.norm_eps);
+    for (int i = lane; i < D; i += 32) buf[i] = load_any(nw, a.norm_dtype, i) * (buf[i] * inv);
+  }
+  __syncwarp();
+  const float pos = float(a.rope_pos[t]);
+  T* kdst = nullptr;
+  if (!is_q) {
+    const int kh = h - a.q_heads;
+    const int64_t off = int64_t(a.row[t]) * a.batch_stride + int64_t(kh) * a.head_stride + int64_t(a.slot[t]) * a.slot_stride;
+    kdst = static_cast<T*>(a.k_cache) + off;
+    const T* v = row + int64_t(a.q_heads + a.kv_heads + kh) * D;
+    T* vdst = static_cast<T*>(a.v_cache) + off;
+    for (int i = lane; i < D; i += 32) vdst[i] = v[i];
+  }
+  for (int i = lane; i < D; i += 32) {
+    float r;
+    if (i < 2 * half) {
+      const int j = i < half ? i : i - half;
+      double sd, cd;
+      sincos(double(pos * a.inv_freq[j]), &sd, &cd);
+      const float c = float(cd) * a.attn_scale, s = float(sd) * a.attn_scale;
+      r = i < half ? buf[i] * c - buf[i + half] * s : buf[i] * c + buf[i - half] * s;
+    } else {
+      r = buf[i];
+    }
+    const T out = from_f<T>(r);
+    head[i] = out;
+    if (kdst) kdst[i] = out;
+  }
+}
+
+}  // namespace
+
+void launch_rope_cache_write(const RopeWriteParams& p, cudaStream_t s) {
+  if (p.qkv.rows == 0) return;
+  if (p.cache.dtype != p.qkv.dtype)
+    throw Error("cuda backend: the KV cache dtype must equal the activation dtype");
+  if (p.rot_dim > p.head_dim || p.rot_dim % 2 != 0)
+    throw Error("cuda backend: rotary dims " + std::to_string(p.rot_dim) + " do not fit head_dim " +
+                std::to_string(p.head_dim));
+  RopeArgs a{p.qkv.data, p.qkv.ld, p.q_norm, p.k_norm, p.norm_dtype, p.norm_eps, p.inv_freq, p.rot_dim, p.attn_scale,
+             p.q_heads, p.kv_heads, p.head_dim, p.meta.row, p.meta.slot, p.meta.rope_pos, p.cache.k, p.cache.v,
+             p.cache.batch_stride, p.cache.head_stride, p.cache.slot_stride};
+  const dim3 grid(unsigned(p.qkv.rows), unsigned((p.q_heads + p.kv_heads + kWarps - 1) / kWarps));
+  const size_t smem = sizeof(float) * size_t(kWarps) * size_t(p.head_dim);
+  dispatch(p.qkv.dtype, "rope_cache_write", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rope_cache_write_kernel<T><<<grid, kWarps * 32, smem, s>>>(a);
+    check_launch("rope_cache_write_kernel");
+  });
+}
+
+}  // namespace ingot::cuda

@@ -1,0 +1,374 @@
+// Op-level conformance of the CUDA backend against the CPU reference backend: every op on random
+// shapes (odd sizes, GQA, rows at different write indices, sliding windows, the all-masked row, both
+// cache layouts), f32 with tight tolerances and f16/bf16 with tolerances of their rounding. Inputs are
+// rounded to the tested dtype first, so both backends see the same values. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+
+#ifdef INGOT_WITH_CUDA
+namespace ingot {
+namespace {
+
+// One backend plus the buffers a test placed on it; values cross as f32 vectors.
+struct Side {
+  Backend& be;
+  DType dt;
+  std::vector<Buffer> keep;
+  void* put(const std::vector<float>& v) {
+    std::vector<uint8_t> raw(v.size() * dtype_size(dt));
+    convert_from_f32(dt, v.data(), raw.data(), v.size());
+    keep.emplace_back(be, std::max<size_t>(raw.size(), 1));
+    be.upload(keep.back().get(), raw.data(), raw.size());
+    return keep.back().get();
+  }
+  int32_t* put_i32(const std::vector<int32_t>& v) {
+    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
+    be.upload(keep.back().get(), v.data(), v.size() * 4);
+    return keep.back().as<int32_t>();
+  }
+  float* put_f32(const std::vector<float>& v) {
+    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
+    be.upload(keep.back().get(), v.data(), v.size() * 4);
+    return keep.back().as<float>();
+  }
+  std::vector<float> get(const void* p, size_t n) {
+    std::vector<uint8_t> raw(n * dtype_size(dt));
+    be.download(raw.data(), p, raw.size());
+    std::vector<float> out(n);
+    convert_to_f32(dt, raw.data(), out.data(), n);
+    return out;
+  }
+  std::vector<int32_t> get_i32(const int32_t* p, size_t n) {
+    std::vector<int32_t> out(n);
+    be.download(out.data(), p, n * 4);
+    return out;
+  }
+  Mat m(void* p, int64_t rows, int64_t cols, int64_t ld = 0) { return {p, dt, rows, cols, ld ? ld : cols}; }
+};
+
+struct Tol {
+  double atol, rtol;
+};
+
+Tol tol_for(DType dt) {
+  switch (dt) {
+    case DType::F32: return {2e-5, 1e-4};
+    case DType::F16: return {3e-3, 3e-3};
+    default: return {2e-2, 2e-2};
+  }
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tol t, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (!(d <= t.atol + t.rtol * std::fabs(double(want[i])))) {
+      if (bad++ == 0) first = i;
+    }
+    if (!(d <= worst)) worst = d;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first
+                     << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
+}
+
+class CudaOps : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend's conformance tests need a GPU";
+    dt_ = GetParam();
+    gpu_be_ = make_cuda_backend(dt_);
+    cpu_be_ = make_cpu_backend(2);
+    gpu_ = std::make_unique<Side>(Side{*gpu_be_, dt_, {}});
+    cpu_ = std::make_unique<Side>(Side{*cpu_be_, DType::F32, {}});
+  }
+  void TearDown() override {
+    gpu_.reset();
+    cpu_.reset();
+  }
+  // Normal values rounded to the tested dtype.
+  std::vector<float> rnd(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng_);
+    return round_dt(v);
+  }
+  std::vector<float> round_dt(std::vector<float> v) {
+    std::vector<uint8_t> raw(v.size() * dtype_size(dt_));
+    convert_from_f32(dt_, v.data(), raw.data(), v.size());
+    convert_to_f32(dt_, raw.data(), v.data(), v.size());
+    return v;
+  }
+  Tol tol() const { return tol_for(dt_); }
+
+  DType dt_ = DType::F32;
+  std::mt19937 rng_{42};
+  std::unique_ptr<Backend> gpu_be_, cpu_be_;
+  std::unique_ptr<Side> gpu_, cpu_;
+};
+
+TEST_P(CudaOps, Embedding) {
+  const int64_t V = 37, H = 67, T = 5;
+  auto table = rnd(size_t(V * H));
+  std::vector<int32_t> ids = {0, 36, 5, 5, 17};
+  Side& g = *gpu_;
+  Side& c = *cpu_;
+  void* go = g.put(std::vector<float>(size_t(T * H)));
+  void* co = c.put(std::vector<float>(size_t(T * H)));
+  gpu_be_->embedding(g.m(g.put(table), V, H), g.put_i32(ids), g.m(go, T, H));
+  cpu_be_->embedding(c.m(c.put(table), V, H), c.put_i32(ids), c.m(co, T, H));
+  expect_close(g.get(go, size_t(T * H)), c.get(co, size_t(T * H)), {0, 0}, "embedding");
+}
+
+TEST_P(CudaOps, AddRmsNorm) {
+  for (int64_t H : {64, 1000, 4097}) {
+    for (bool with_delta : {false, true}) {
+      const int64_t T = 3;
+      auto x = rnd(size_t(T * H)), d = rnd(size_t(T * H)), w = rnd(size_t(H));
+      Side& g = *gpu_;
+      Side& c = *cpu_;
+      void *gx = g.put(x), *cx = c.put(x), *go = g.put(std::vector<float>(size_t(T * H))),
+           *co = c.put(std::vector<float>(size_t(T * H)));
+      Mat gd = g.m(g.put(d), T, H), cd = c.m(c.put(d), T, H);
+      gpu_be_->add_rmsnorm(g.m(gx, T, H), with_delta ? &gd : nullptr, g.put(w), dt_, 1e-6f, g.m(go, T, H));
+      cpu_be_->add_rmsnorm(c.m(cx, T, H), with_delta ? &cd : nullptr, c.put(w), DType::F32, 1e-6f, c.m(co, T, H));
+      // The CPU residual stays f32; the GPU's is rounded to the activation dtype like the model's.
+      expect_close(g.get(gx, size_t(T * H)), round_dt(c.get(cx, size_t(T * H))), tol(), "residual H=" + std::to_string(H));
+      expect_close(g.get(go, size_t(T * H)), c.get(co, size_t(T * H)), tol(), "norm H=" + std::to_string(H));
+    }
+  }
+}
+
+TEST_P(CudaOps, Linear) {
+  struct Shape {
+    int64_t T, N, K;
+    bool bias;
+  };
+  // Few tokens (the GEMV path, including its unrolled and tail loops), odd K (cuBLASLt fallback) and
+  // larger T (cuBLASLt).
+  for (Shape s : {Shape{1, 37, 64, false}, Shape{3, 129, 1096, true}, Shape{8, 70, 2048, false},
+                  Shape{5, 33, 67, true}, Shape{17, 70, 130, false}, Shape{64, 256, 512, true}}) {
+    auto x = rnd(size_t(s.T * s.K)), w = rnd(size_t(s.N * s.K), 0.05f), b = rnd(size_t(s.N));
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    void *gy = g.put(std::vector<float>(size_t(s.T * s.N))), *cy = c.put(std::vector<float>(size_t(s.T * s.N)));
+    gpu_be_->linear(g.m(g.put(x), s.T, s.K), g.m(g.put(w), s.N, s.K), s.bias ? g.put(b) : nullptr, g.m(gy, s.T, s.N));
+    cpu_be_->linear(c.m(c.put(x), s.T, s.K), c.m(c.put(w), s.N, s.K), s.bias ? c.put(b) : nullptr, c.m(cy, s.T, s.N));
+    expect_close(g.get(gy, size_t(s.T * s.N)), c.get(cy, size_t(s.T * s.N)), tol(),
+                 "linear T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+  }
+}
+
+TEST_P(CudaOps, LinearRejectsMixedDtypes) {
+  if (dt_ == DType::F32) GTEST_SKIP() << "mixed dtypes need a 16-bit backend";
+  Buffer w(*gpu_be_, 16 * 16 * 4), x(*gpu_be_, 16 * 2), y(*gpu_be_, 16 * 2);
+  EXPECT_THROW(gpu_be_->linear(mat(x.get(), dt_, 1, 16), mat(w.get(), DType::F32, 16, 16), nullptr, mat(y.get(), dt_, 1, 16)),
+               Error);
+}
+
+TEST_P(CudaOps, SwigluGatherArgmax) {
+  const int64_t T = 4, I = 33, V = 1001;
+  auto gu = rnd(size_t(T * 2 * I));
+  Side& g = *gpu_;
+  Side& c = *cpu_;
+  void *go = g.put(std::vector<float>(size_t(T * I))), *co = c.put(std::vector<float>(size_t(T * I)));
+  gpu_be_->swiglu(g.m(g.put(gu), T, 2 * I), g.m(go, T, I));
+  cpu_be_->swiglu(c.m(c.put(gu), T, 2 * I), c.m(co, T, I));
+  expect_close(g.get(go, size_t(T * I)), c.get(co, size_t(T * I)), tol(), "swiglu");
+
+  std::vector<int32_t> idx = {3, 0, 3};
+  void *gd = g.put(std::vector<float>(size_t(3 * I))), *cd = c.put(std::vector<float>(size_t(3 * I)));
+  gpu_be_->gather_rows(g.m(go, T, I), g.put_i32(idx), g.m(gd, 3, I));
+  cpu_be_->gather_rows(c.m(co, T, I), c.put_i32(idx), c.m(cd, 3, I));
+  expect_close(g.get(gd, size_t(3 * I)), c.get(cd, size_t(3 * I)), tol(), "gather_rows");
+
+  // Ties: the lowest index wins, whichever thread saw it.
+  auto lg = rnd(size_t(T * V));
+  lg[size_t(0 * V + 700)] = 9.0f;
+  lg[size_t(0 * V + 3)] = 9.0f;
+  lg[size_t(1 * V + 1000)] = 9.0f;
+  for (int64_t j = 0; j < V; ++j) lg[size_t(2 * V + j)] = 0.5f;
+  int32_t* ga = g.put_i32(std::vector<int32_t>(size_t(T)));
+  int32_t* ca = c.put_i32(std::vector<int32_t>(size_t(T)));
+  gpu_be_->argmax(g.m(g.put(lg), T, V), ga);
+  cpu_be_->argmax(c.m(c.put(lg), T, V), ca);
+  std::vector<int32_t> got = g.get_i32(ga, size_t(T)), want = c.get_i32(ca, size_t(T));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[0], 3);
+  EXPECT_EQ(got[1], 1000);
+  EXPECT_EQ(got[2], 0);
+}
+
+// A cache of `B` rows with every slot random, in either layout.
+struct CacheSpec {
+  int64_t B, kv_heads, capacity, head_dim;
+  bool heads_first;
+  KvLayerView view(void* k, void* v, DType dt) const {
+    KvLayerView c;
+    c.k = k;
+    c.v = v;
+    c.dtype = dt;
+    c.capacity = capacity;
+    c.batch_stride = kv_heads * capacity * head_dim;
+    c.head_stride = heads_first ? capacity * head_dim : head_dim;
+    c.slot_stride = heads_first ? head_dim : kv_heads * head_dim;
+    return c;
+  }
+  size_t elems() const { return size_t(B * kv_heads * capacity * head_dim); }
+};
+
+// Tokens of several rows: (row, first slot, count, kv_len after the call).
+struct Chunk {
+  int row, start, len;
+};
+
+struct Meta {
+  std::vector<int32_t> row, slot, pos, kv_len;
+};
+
+Meta make_meta(const std::vector<Chunk>& chunks) {
+  Meta m;
+  for (const Chunk& c : chunks)
+    for (int i = 0; i < c.len; ++i) {
+      m.row.push_back(c.row);
+      m.slot.push_back(c.start + i);
+      m.pos.push_back(c.start + i);
+      m.kv_len.push_back(c.start + c.len);
+    }
+  return m;
+}
+
+TokenMeta put_meta(Side& s, const Meta& m) {
+  return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len)};
+}
+
+TEST_P(CudaOps, RopeCacheWrite) {
+  struct Case {
+    int q_heads, kv_heads, head_dim, rot_dim;
+    bool qk_norm, heads_first;
+  };
+  for (Case cs : {Case{4, 2, 32, 32, false, true}, Case{8, 2, 24, 16, true, false}, Case{6, 3, 128, 128, true, true},
+                  Case{2, 1, 64, 32, false, false}}) {
+    const CacheSpec cspec{3, cs.kv_heads, 40, cs.head_dim, cs.heads_first};
+    const std::vector<Chunk> chunks = {{2, 5, 3}, {0, 0, 7}, {1, 39, 1}};
+    const Meta meta = make_meta(chunks);
+    const int64_t T = int64_t(meta.row.size()), W = int64_t(cs.q_heads + 2 * cs.kv_heads) * cs.head_dim;
+    auto qkv = rnd(size_t(T * W)), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    auto qn = rnd(size_t(cs.head_dim)), kn = rnd(size_t(cs.head_dim));
+    std::vector<float> inv(size_t(cs.rot_dim / 2));
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(10000.0f, -2.0f * float(i) / float(cs.rot_dim));
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    RopeWriteParams gp, cp;
+    void *gq = g.put(qkv), *cq = c.put(qkv), *gk = g.put(kc), *gv = g.put(vc), *ck = c.put(kc), *cv = c.put(vc);
+    for (auto [p, s, q, k, v] : {std::tuple{&gp, &g, gq, gk, gv}, std::tuple{&cp, &c, cq, ck, cv}}) {
+      p->qkv = s->m(q, T, W);
+      p->q_norm = cs.qk_norm ? s->put(qn) : nullptr;
+      p->k_norm = cs.qk_norm ? s->put(kn) : nullptr;
+      p->norm_dtype = s->dt;
+      p->norm_eps = 1e-6f;
+      p->inv_freq = s->put_f32(inv);
+      p->rot_dim = cs.rot_dim;
+      p->attn_scale = 1.1f;
+      p->q_heads = cs.q_heads;
+      p->kv_heads = cs.kv_heads;
+      p->head_dim = cs.head_dim;
+      p->meta = put_meta(*s, meta);
+      p->cache = cspec.view(k, v, s->dt);
+    }
+    gpu_be_->rope_cache_write(gp);
+    cpu_be_->rope_cache_write(cp);
+    const std::string what = "rope hd=" + std::to_string(cs.head_dim) + (cs.heads_first ? " heads_first" : " flattened");
+    expect_close(g.get(gq, size_t(T * W)), c.get(cq, size_t(T * W)), tol(), what + " qkv");
+    expect_close(g.get(gk, cspec.elems()), round_dt(c.get(ck, cspec.elems())), tol(), what + " k cache");
+    expect_close(g.get(gv, cspec.elems()), c.get(cv, cspec.elems()), {0, 0}, what + " v cache");
+  }
+}
+
+TEST_P(CudaOps, Attention) {
+  struct Case {
+    int q_heads, kv_heads, head_dim, window, capacity;
+    bool heads_first, bound_is_capacity;
+  };
+  for (Case cs : {Case{4, 2, 16, 0, 50, true, false}, Case{8, 2, 64, 0, 700, false, true},
+                  Case{6, 3, 40, 5, 90, true, true}, Case{32, 8, 128, 0, 384, true, true},
+                  Case{4, 4, 128, 33, 1000, false, false}, Case{12, 1, 256, 0, 130, true, true}}) {
+    const CacheSpec cspec{4, cs.kv_heads, cs.capacity, cs.head_dim, cs.heads_first};
+    // Rows at different write indices: a prefill chunk, single decode tokens (one at the last slot),
+    // a chunk in the middle, and a token whose kv_len is 0 (all keys masked: zeros).
+    std::vector<Chunk> chunks = {{1, 0, 9}, {3, cs.capacity - 1, 1}, {0, 17, 5}, {2, 40 % cs.capacity, 1}};
+    Meta meta = make_meta(chunks);
+    meta.row.push_back(2);
+    meta.slot.push_back(3);
+    meta.pos.push_back(3);
+    meta.kv_len.push_back(0);
+    const int64_t T = int64_t(meta.row.size()), QD = int64_t(cs.q_heads) * cs.head_dim;
+    int max_kv = 0;
+    for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
+    auto q = rnd(size_t(T * QD)), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    AttentionParams gp, cp;
+    void *go = g.put(std::vector<float>(size_t(T * QD), 7.0f)), *co = c.put(std::vector<float>(size_t(T * QD)));
+    for (auto [p, s, o] : {std::tuple{&gp, &g, go}, std::tuple{&cp, &c, co}}) {
+      p->q = s->m(s->put(q), T, QD);
+      p->out = s->m(o, T, QD);
+      p->q_heads = cs.q_heads;
+      p->kv_heads = cs.kv_heads;
+      p->head_dim = cs.head_dim;
+      p->window = cs.window;
+      p->scale = 1.0f / std::sqrt(float(cs.head_dim));
+      p->max_kv_len = cs.bound_is_capacity ? cs.capacity : max_kv;
+      p->meta = put_meta(*s, meta);
+      p->cache = cspec.view(s->put(kc), s->put(vc), s->dt);
+    }
+    gpu_be_->attention(gp);
+    cpu_be_->attention(cp);
+    const std::string what = "attention q=" + std::to_string(cs.q_heads) + " kv=" + std::to_string(cs.kv_heads) +
+                             " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window);
+    auto got = g.get(go, size_t(T * QD));
+    expect_close(got, c.get(co, size_t(T * QD)), tol(), what);
+    for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
+  }
+}
+
+TEST_P(CudaOps, GraphReplayMatchesDirect) {
+  const int64_t T = 2, H = 300;
+  auto x = rnd(size_t(T * H)), w = rnd(size_t(H));
+  Side& g = *gpu_;
+  void *gx = g.put(x), *gw = g.put(w), *go = g.put(std::vector<float>(size_t(T * H)));
+  gpu_be_->add_rmsnorm(g.m(gx, T, H), nullptr, gw, dt_, 1e-6f, g.m(go, T, H));
+  auto direct = g.get(go, size_t(T * H));
+  gpu_be_->fill_zero(go, size_t(T * H) * dtype_size(dt_));
+  auto graph = gpu_be_->capture([&] { gpu_be_->add_rmsnorm(g.m(gx, T, H), nullptr, gw, dt_, 1e-6f, g.m(go, T, H)); });
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(g.get(go, size_t(T * H)), std::vector<float>(size_t(T * H), 0.0f)) << "capture must not execute";
+  graph->replay();
+  EXPECT_EQ(g.get(go, size_t(T * H)), direct);
+}
+
+TEST_P(CudaOps, MemoryAndBandwidth) {
+  const size_t before = gpu_be_->peak_memory_bytes();
+  { Buffer b(*gpu_be_, size_t(1) << 26); }
+  EXPECT_GE(gpu_be_->peak_memory_bytes(), before);
+  EXPECT_GE(gpu_be_->peak_memory_bytes(), size_t(1) << 26);
+  EXPECT_THROW(Buffer(*gpu_be_, size_t(1) << 50), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace ingot
+#else
+TEST(CudaOps, NotBuilt) { GTEST_SKIP() << "this build has no CUDA backend (nvcc was not found at configure time)"; }
+#endif
