@@ -850,7 +850,9 @@ class Interp {
     if (obj.is_undefined()) undefined_error(obj, sl.line);
     bool is_str = obj.is_string();
     bool is_seq = obj.type == Type::List && (obj.seq == SeqKind::List || obj.seq == SeqKind::Tuple);
-    if (!is_str && !is_seq) return Value::undefined("'" + object_name(obj) + "' cannot be sliced");
+    // Jinja compiles a slice to a plain Python subscript, bypassing its lenient getitem.
+    if (obj.type == Type::Dict) fail(sl.line, "TypeError: unhashable type: 'slice'");
+    if (!is_str && !is_seq) fail(sl.line, std::string("TypeError: '") + type_name(obj) + "' object is not subscriptable");
     std::vector<char32_t> cps;
     if (is_str) cps = decode_utf8(obj.str());
     auto n = static_cast<std::int64_t>(is_str ? cps.size() : obj.list->size());
@@ -1032,7 +1034,8 @@ class Interp {
           if (equals(v, needle)) return true;
         return false;
       case Type::Dict:
-        if (needle.type == Type::List || needle.type == Type::Dict || needle.type == Type::Namespace)
+        if ((needle.type == Type::List && needle.seq != SeqKind::Tuple) || needle.type == Type::Dict ||
+            needle.type == Type::Namespace)
           fail(line, std::string("TypeError: unhashable type: '") + type_name(needle) + "'");
         return needle.is_string() && hay.dict->find(needle.str()) != nullptr;
       default: fail(line, std::string("TypeError: argument of type '") + type_name(hay) + "' is not iterable");
@@ -1464,7 +1467,8 @@ class Interp {
       for (std::size_t k = test_pos + 1; k < a.pos.size(); ++k) test_args.pos.push_back(a.pos[k]);
       test_args.kw = a.kw;
       List out;
-      for (const Value& item : iterate(v, line)) {
+      // Jinja yields nothing for a false value (None, empty) without iterating it.
+      for (const Value& item : truthy(v) ? iterate(v, line) : List{}) {
         step(line);
         Value subject = by_attr ? attr_path(item, attr, line) : item;
         bool r = test.empty() ? truthy(subject) : apply_test(test, subject, test_args, line);
@@ -1485,7 +1489,7 @@ class Interp {
         Args tmp;
         tmp.kw.emplace_back("attribute", *attr);
         std::string path = attr_arg(tmp, 0, "attribute", line).str();
-        for (const Value& item : iterate(v, line)) {
+        for (const Value& item : truthy(v) ? iterate(v, line) : List{}) {
           step(line);
           Value r = attr_path(item, path, line);
           out.push_back(r.is_undefined() && dflt ? *dflt : r);
@@ -1497,13 +1501,14 @@ class Interp {
         Args fargs;
         fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
         fargs.kw = a.kw;
-        for (const Value& item : iterate(v, line)) {
+        for (const Value& item : truthy(v) ? iterate(v, line) : List{}) {
           step(line);
           out.push_back(apply_filter(filter, item, fargs, line));
         }
       }
       return Value::sequence(std::move(out), SeqKind::Iterator);
     }
+    if ((name == "int" || name == "float") && v.is_undefined()) undefined_error(v, line);
     if (name == "int") {
       std::int64_t dflt = int_arg(a.get(0, "default"), 0, "default", line);
       const Value* base = a.get(1, "base");
@@ -1572,6 +1577,9 @@ class Interp {
         List out;
         std::vector<Value> seen;
         for (auto& [k, item] : keyed) {
+          // Jinja collects seen keys in a set, so unhashable items fail as in Python.
+          if ((k.type == Type::List && k.seq != SeqKind::Tuple) || k.type == Type::Dict || k.type == Type::Namespace)
+            fail(line, std::string("TypeError: unhashable type: '") + type_name(k) + "'");
           bool dup = false;
           for (const Value& s : seen) dup = dup || equals(s, k);
           if (dup) continue;
@@ -1652,7 +1660,9 @@ class Interp {
         ind = std::string(static_cast<std::size_t>(std::clamp<std::int64_t>(int_arg(w, 4, "width", line), 0, 256)), ' ');
       bool first = flag(1, "first", false);
       bool blank = flag(2, "blank", false);
-      std::vector<std::string> lines = py_splitlines(soft(v) + "\n", false);
+      if (v.is_undefined()) undefined_error(v, line);
+      if (!v.is_string()) fail(line, std::string("TypeError: unsupported operand type(s) for +=: '") + type_name(v) + "' and 'str'");
+      std::vector<std::string> lines = py_splitlines(v.str() + "\n", false);
       std::string rv;
       if (blank) {
         for (std::size_t k = 0; k < lines.size(); ++k) {
@@ -1695,16 +1705,16 @@ class Interp {
     if (name == "string") return v.is_string();
     if (name == "mapping") return v.type == Type::Dict;
     if (name == "iterable") return v.is_undefined() || v.is_string() || v.type == Type::List || v.type == Type::Dict;
+    // Undefined has __len__ and __getitem__, which is all Jinja's test looks for.
     if (name == "sequence")
-      return v.is_string() || v.type == Type::Dict || (v.type == Type::List && (v.seq == SeqKind::List || v.seq == SeqKind::Tuple));
+      return v.is_undefined() || v.is_string() || v.type == Type::Dict || (v.type == Type::List && (v.seq == SeqKind::List || v.seq == SeqKind::Tuple));
     // Jinja's Undefined defines __call__ (to raise), so Python calls it callable.
     if (name == "callable") return v.type == Type::Function || v.is_undefined();
     if (name == "in") return contains(need_arg(), v, line);
     if (name == "even" || name == "odd" || name == "divisibleby") {
       Value divisor = name == "divisibleby" ? need_arg() : Value::integer(2);
       Value m = binary("%", v, divisor, line);
-      bool zero = m.as_double() == 0.0;
-      return name == "odd" ? !zero : zero;
+      return equals(m, Value::integer(name == "odd" ? 1 : 0));
     }
     if (name == "eq" || name == "equalto") return equals(v, need_arg());
     if (name == "ne") return !equals(v, need_arg());

@@ -1042,7 +1042,6 @@ class Parser {
           subs.push_back(parse_subscribed());
         }
         next();
-        if (subs.empty()) fail(line, "expected a subscript expression");
         auto e = make(ExprKind::GetItem, line);
         e->args.push_back(std::move(node));
         if (subs.size() == 1) {

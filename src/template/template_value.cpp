@@ -239,16 +239,25 @@ std::string py_float_repr(double d) {
   if (exp >= -4 && exp < 16) {
     if (exp >= 0) {
       if (digits.size() <= static_cast<std::size_t>(exp) + 1) {
-        out += digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+        out += digits;
+        out.append(exp + 1 - digits.size(), '0');
+        out += ".0";
       } else {
-        out += digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+        out.append(digits, 0, exp + 1);
+        out += '.';
+        out.append(digits, exp + 1);
       }
     } else {
-      out += "0." + std::string(-exp - 1, '0') + digits;
+      out += "0.";
+      out.append(static_cast<std::size_t>(-exp - 1), '0');
+      out += digits;
     }
   } else {
-    out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    out += digits[0];
+    if (digits.size() > 1) {
+      out += '.';
+      out.append(digits, 1);
+    }
     char e[16];
     std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     out += e;
@@ -380,7 +389,7 @@ namespace {
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
   auto escape_u = [&](unsigned c) {
-    char b[8];
+    char b[16];
     std::snprintf(b, sizeof b, "\\u%04x", c);
     out += b;
   };
