@@ -35,11 +35,17 @@ fuzz: deps
 	  build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build-fuzz/corpus-$$n >build-fuzz/$$n.log 2>&1 \
 	    || { tail -40 build-fuzz/$$n.log; exit 1; }; done
 
-# Generation on the model shipped in the repo, on the GPU if there is one, else the CPU.
-DEMO_MODEL ?= tests/data/models/qwen3
+# Generation on the model shipped in the repo (models/demo: a tiny Qwen3-architecture model trained by
+# tools/train_demo_model.py, with the Llama 2 tokenizer fetched from npm), on the GPU if there is one,
+# else the CPU; then its parity check against transformers.
+DEMO_DIR = $(BUILD)/demo-model
 demo: build
-	$(BUILD)/ingot generate --model $(DEMO_MODEL) --prompt-ids 1,17,42,99,7 --max-new-tokens 12
-	$(BUILD)/ingot check --model $(DEMO_MODEL) --reference $(DEMO_MODEL)/reference.safetensors
+	mkdir -p $(DEMO_DIR)
+	cp models/demo/* $(DEMO_DIR)/
+	cp .cache/tokenizers/llama2/tokenizer.json .cache/tokenizers/llama2/tokenizer_config.json $(DEMO_DIR)/
+	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Once upon a time," --max-new-tokens 60
+	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Tom had a" --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 60
+	$(BUILD)/ingot check --model $(DEMO_DIR) --reference $(DEMO_DIR)/reference.safetensors
 
 # Decode speed of Qwen3-0.6B shapes with random bf16 weights on this CPU.
 bench-cpu: build
