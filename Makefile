@@ -39,10 +39,11 @@ fuzz: deps
 # tools/train_demo_model.py, with the Llama 2 tokenizer fetched from npm), on the GPU if there is one,
 # else the CPU; then its parity check against transformers.
 DEMO_DIR = $(BUILD)/demo-model
+TOKENIZERS = $(or $(INGOT_CACHE),.cache)/tokenizers
 demo: build
 	mkdir -p $(DEMO_DIR)
 	cp models/demo/* $(DEMO_DIR)/
-	cp .cache/tokenizers/llama2/tokenizer.json .cache/tokenizers/llama2/tokenizer_config.json $(DEMO_DIR)/
+	cp $(TOKENIZERS)/llama2/tokenizer.json $(TOKENIZERS)/llama2/tokenizer_config.json $(DEMO_DIR)/
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Once upon a time," --max-new-tokens 60
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Tom had a" --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 60
 	$(BUILD)/ingot check --model $(DEMO_DIR) --reference $(DEMO_DIR)/reference.safetensors

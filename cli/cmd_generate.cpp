@@ -2,32 +2,67 @@
 #include <cstdio>
 
 #include "common.h"
+#include "core/error.h"
+#include "runtime/chat.h"
 #include "runtime/generate.h"
+#include "text_generation.h"
 
 namespace ingot::cli {
 
 void add_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Generate tokens greedily from a prompt of token ids");
+  auto* cmd = app.add_subcommand("generate", "Generate from token ids (greedy, one line per step) or from text");
   struct Args {
     ModelArgs model;
-    std::string prompt_ids;
-    int max_new = 16;
+    TextArgs text;
+    std::string prompt_ids, prompt;
+    bool chat = false;
     int64_t capacity = 0;
     bool ignore_eos = false;
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
-  cmd->add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids")->required();
-  cmd->add_option("--max-new-tokens", a->max_new, "tokens to generate")->check(CLI::PositiveNumber);
+  a->text.add_to(*cmd);
+  a->text.max_new = 16;
+  auto* ids = cmd->add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids");
+  cmd->add_option("--prompt", a->prompt, "prompt text (streams text out)")->excludes(ids);
+  cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--capacity", a->capacity, "cache slots (default: prompt + max new tokens - 1)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the end-of-sequence ids");
   cmd->callback([a] {
+    if (a->prompt_ids.empty() == a->prompt.empty()) throw Error("generate: give exactly one of --prompt-ids or --prompt");
+    if (!a->prompt.empty()) {
+      tok::Tokenizer tk = load_tokenizer(a->model);
+      std::vector<int32_t> ids;
+      if (a->chat) {
+        nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+        if (!a->text.system.empty()) messages.push_back({{"role", "system"}, {"content", a->text.system}});
+        messages.push_back({{"role", "user"}, {"content", a->prompt}});
+        ChatOptions co;
+        if (!a->text.thinking.empty()) co.enable_thinking = a->text.thinking == "true";
+        ids = chat_ids(tk, messages, co);
+      } else {
+        ids = tk.encode(a->prompt, true);
+      }
+      RuntimeOptions rt;
+      rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(ids.size()), a->text.max_new);
+      Loaded l = load_model(a->model, rt);
+      Session session(*l.model, tk);
+      TextRequest req;
+      req.prompt_ids = ids;
+      req.max_new_tokens = a->text.max_new;
+      req.sampling = a->text.sampling;
+      if (!a->ignore_eos) req.eos_ids = tk.eos_ids();
+      req.stop_strings = a->text.stop;
+      stream_generation(session, req, a->text.stats);
+      return;
+    }
+    const int max_new = a->text.max_new;
     std::vector<int32_t> prompt = parse_ids(a->prompt_ids);
     RuntimeOptions rt;
-    rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(prompt.size()), a->max_new);
+    rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(prompt.size()), max_new);
     Loaded l = load_model(a->model, rt);
     GenerateOptions go;
-    go.max_new_tokens = a->max_new;
+    go.max_new_tokens = max_new;
     if (!a->ignore_eos) go.eos_ids = l.engine->spec.eos_ids;
     std::vector<int32_t> out = generate_greedy(*l.model, prompt, go, [](int step, bool prefill, int32_t tok) {
       std::printf("step %d %s token %d\n", step, prefill ? "prefill" : "decode", tok);

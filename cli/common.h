@@ -61,6 +61,8 @@ std::vector<int> parse_int_list(const std::string& csv);
 void add_generate(CLI::App& app);
 void add_check(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_text_commands(CLI::App& app);  // tokenize, template
+void add_chat(CLI::App& app);
 void add_build(CLI::App& app);
 void add_inspect(CLI::App& app);
 

@@ -74,6 +74,10 @@ inline const uint8_t* row_ptr(const Mat& m, int64_t r) {
 }
 inline float* frow(const Mat& m, int64_t r) { return static_cast<float*>(m.data) + r * m.ld; }
 
+// Below this much work (multiply-adds) an op runs on one thread: waking the team costs more than it
+// saves, and far more when the cores are shared with other processes.
+constexpr int64_t kParallelWork = int64_t(1) << 16;
+
 void require_f32(const Mat& m, const char* op) {
   if (m.dtype != DType::F32) throw Error(std::string("cpu backend: ") + op + " expects f32 activations");
 }
@@ -110,7 +114,7 @@ class CpuBackend final : public Backend {
     require_f32(x, "add_rmsnorm");
     std::vector<float> w(size_t(x.cols));
     row_to_f32(weight, wt, w.data(), x.cols);
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(threads_) schedule(static) if (x.rows * x.cols >= kParallelWork)
     for (int64_t t = 0; t < x.rows; ++t) {
       float* xr = frow(x, t);
       if (delta) {
@@ -136,7 +140,7 @@ class CpuBackend final : public Backend {
       b.resize(size_t(N));
       row_to_f32(bias, w.dtype, b.data(), N);
     }
-#pragma omp parallel num_threads(threads_)
+#pragma omp parallel num_threads(threads_) if (T * N * K >= kParallelWork)
     {
       std::vector<float> wrow(w.dtype == DType::F32 || T == 1 ? 0 : size_t(K));
 #pragma omp for schedule(static)
@@ -168,7 +172,7 @@ class CpuBackend final : public Backend {
       row_to_f32(p.q_norm, p.norm_dtype, qn.data(), D);
       row_to_f32(p.k_norm, p.norm_dtype, kn.data(), D);
     }
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(threads_) schedule(static) if (p.qkv.rows * p.qkv.cols >= kParallelWork)
     for (int64_t t = 0; t < p.qkv.rows; ++t) {
       float* row = frow(p.qkv, t);
       std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
@@ -211,7 +215,8 @@ class CpuBackend final : public Backend {
     const int D = p.head_dim, group = p.q_heads / p.kv_heads;
     const float* kc = static_cast<const float*>(p.cache.k);
     const float* vc = static_cast<const float*>(p.cache.v);
-#pragma omp parallel for num_threads(threads_) schedule(dynamic) collapse(2)
+#pragma omp parallel for num_threads(threads_) schedule(dynamic) collapse(2) \
+    if (p.q.rows * p.q_heads * int64_t(p.max_kv_len) * D >= kParallelWork)
     for (int64_t t = 0; t < p.q.rows; ++t) {
       for (int h = 0; h < p.q_heads; ++h) {
         const float* q = frow(p.q, t) + h * D;
@@ -243,7 +248,7 @@ class CpuBackend final : public Backend {
   void swiglu(const Mat& gu, const Mat& out) override {
     require_f32(gu, "swiglu");
     const int64_t I = out.cols;
-#pragma omp parallel for num_threads(threads_) schedule(static)
+#pragma omp parallel for num_threads(threads_) schedule(static) if (gu.rows * out.cols >= kParallelWork)
     for (int64_t t = 0; t < gu.rows; ++t) {
       const float* g = frow(gu, t);
       const float* u = g + I;

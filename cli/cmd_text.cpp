@@ -1,0 +1,84 @@
+// Text inspection for debugging prompts: `ingot tokenize` and `ingot template`. Both need only a
+// folder with the tokenizer files.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "core/error.h"
+#include "runtime/chat.h"
+
+namespace ingot::cli {
+
+namespace {
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+nlohmann::ordered_json read_json_file(const std::string& path) {
+  try {
+    return nlohmann::ordered_json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+}
+}  // namespace
+
+void add_text_commands(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("tokenize", "Print the token ids (and pieces) of a text");
+    struct Args {
+      std::string model, text, file;
+      bool special = false, json = false;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--model", a->model, "folder with tokenizer.json")->required();
+    auto* t = cmd->add_option("--text", a->text, "text to tokenize");
+    cmd->add_option("--file", a->file, "file to tokenize")->excludes(t);
+    cmd->add_flag("--add-special-tokens", a->special, "apply the post-processor (e.g. BOS)");
+    cmd->add_flag("--json", a->json, "print JSON {ids, pieces}");
+    cmd->callback([a, cmd] {
+      tok::Tokenizer tk = tok::Tokenizer::from_folder(a->model);
+      std::string text = !a->file.empty()              ? read_file(a->file)
+                         : cmd->count("--text") != 0u ? a->text
+                                                       : std::string(std::istreambuf_iterator<char>(std::cin), {});
+      std::vector<int32_t> ids = tk.encode(text, a->special);
+      if (a->json) {
+        nlohmann::json j = {{"ids", ids}, {"pieces", nlohmann::json::array()}};
+        for (int32_t id : ids) j["pieces"].push_back(tk.id_to_piece(id));
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      } else {
+        for (int32_t id : ids) std::printf("%d\t%s\n", id, tk.id_to_piece(id).c_str());
+        std::printf("%zu tokens\n", ids.size());
+      }
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("template", "Render the chat template over messages, exactly");
+    struct Args {
+      std::string model, messages, tools, thinking;
+      bool no_gen = false;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--model", a->model, "folder with the tokenizer files")->required();
+    cmd->add_option("--messages", a->messages, "JSON file: a list of {role, content, ...}")->required();
+    cmd->add_option("--tools", a->tools, "JSON file: a list of tool definitions");
+    cmd->add_flag("--no-generation-prompt", a->no_gen, "do not open an assistant turn");
+    cmd->add_option("--enable-thinking", a->thinking, "true or false")->check(CLI::IsMember({"true", "false"}));
+    cmd->callback([a] {
+      tok::Tokenizer tk = tok::Tokenizer::from_folder(a->model);
+      ChatOptions o;
+      o.add_generation_prompt = !a->no_gen;
+      if (!a->thinking.empty()) o.enable_thinking = a->thinking == "true";
+      if (!a->tools.empty()) o.tools = read_json_file(a->tools);
+      std::string out = render_chat(tk, read_json_file(a->messages), o);
+      std::fwrite(out.data(), 1, out.size(), stdout);  // exactly the rendered prompt, nothing added
+    });
+  }
+}
+
+}  // namespace ingot::cli

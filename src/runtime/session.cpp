@@ -1,0 +1,129 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "runtime/generate.h"
+
+namespace ingot {
+
+namespace {
+
+// Releases streamed text while holding back any tail that could still become a stop string.
+class StopFilter {
+ public:
+  explicit StopFilter(const std::vector<std::string>& stops) : stops_(stops) {}
+  // Returns the text safe to emit; sets hit when a stop string completed (text before it is emitted).
+  std::string push(const std::string& piece, bool& hit) {
+    pending_ += piece;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops_) {
+      if (s.empty()) continue;
+      size_t at = pending_.find(s);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      hit = true;
+      std::string out = pending_.substr(0, cut);
+      pending_.clear();
+      return out;
+    }
+    size_t hold = 0;  // longest suffix of pending_ that is a proper prefix of a stop string
+    for (const std::string& s : stops_)
+      for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); k > hold; --k)
+        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+    std::string out = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return out;
+  }
+  std::string flush() { return std::exchange(pending_, {}); }
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string pending_;
+};
+
+}  // namespace
+
+TextResult Session::generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (req.prompt_ids.empty()) throw Error("generate: the prompt has no tokens");
+  if (req.max_new_tokens < 1) throw Error("generate: --max-new-tokens must be at least 1");
+  req.sampling.validate();
+  const int64_t need = slots_needed(int64_t(req.prompt_ids.size()), req.max_new_tokens);
+  if (need > m_.capacity())
+    throw Error("generate: the prompt (" + std::to_string(req.prompt_ids.size()) + " tokens) plus max_new_tokens " +
+                std::to_string(req.max_new_tokens) + " needs " + std::to_string(need) +
+                " cache slots but the capacity is " + std::to_string(m_.capacity()));
+
+  // Reuse the cached prefix; at least the last prompt token is recomputed to get its logits.
+  size_t keep = 0;
+  while (keep < cached_.size() && keep + 1 < req.prompt_ids.size() && cached_[keep] == req.prompt_ids[keep]) ++keep;
+  cached_.resize(keep);
+
+  TextResult res;
+  res.prompt_tokens = int64_t(req.prompt_ids.size());
+  res.prefilled_tokens = int64_t(req.prompt_ids.size() - keep);
+  Sampler sampler(req.sampling);
+  std::vector<int32_t> history = req.prompt_ids;
+  HostTensor logits;
+  for (size_t at = keep; at < req.prompt_ids.size();) {
+    const size_t n = std::min<size_t>(size_t(m_.max_tokens()), req.prompt_ids.size() - at);
+    BatchRow r{row_, std::vector<int32_t>(req.prompt_ids.begin() + long(at), req.prompt_ids.begin() + long(at + n)),
+               int64_t(at), {}, false};
+    logits = m_.forward(Batch{{r}});
+    at += n;
+  }
+  cached_ = req.prompt_ids;
+  const int64_t V = m_.spec().vocab;
+  int32_t tok = sampler.pick(logits.as<float>(), V, history);
+  res.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+
+  tok::StreamDecoder dec(tok_, true);
+  StopFilter stop(req.stop_strings);
+  auto emit = [&](const std::string& s) {
+    if (s.empty()) return;
+    res.text += s;
+    if (on_text) on_text(s);
+  };
+  res.stop_reason = "length";
+  for (;;) {
+    res.ids.push_back(tok);
+    history.push_back(tok);
+    if (std::find(req.eos_ids.begin(), req.eos_ids.end(), tok) != req.eos_ids.end()) {
+      res.stop_reason = "eos";
+      break;
+    }
+    bool hit = false;
+    emit(stop.push(dec.push(tok), hit));
+    if (hit) {
+      res.stop_reason = "stop_string";
+      break;
+    }
+    if (int(res.ids.size()) >= req.max_new_tokens) break;
+    const int64_t slot = int64_t(cached_.size());
+    if (req.sampling.greedy()) {
+      tok = m_.decode_greedy({row_}, {tok}, {slot})[0];
+      cached_.push_back(res.ids.back());
+    } else {
+      logits = m_.forward(Batch{{BatchRow{row_, {tok}, slot, {}, false}}});
+      cached_.push_back(res.ids.back());
+      tok = sampler.pick(logits.as<float>(), V, history);
+    }
+  }
+  if (res.stop_reason != "stop_string") {
+    bool hit = false;
+    emit(stop.push(dec.flush(), hit));
+    emit(stop.flush());
+  }
+  res.decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  return res;
+}
+
+}  // namespace ingot
