@@ -726,7 +726,9 @@ LoadedEngine load_engine(const std::string& path, const LoadOptions& o) {
 
   if (o.verify) {
     // One sequential pass over the blobs; large tensors first so the threads finish together.
-    ::madvise(const_cast<uint8_t*>(map->data()), map->size(), MADV_SEQUENTIAL | MADV_WILLNEED);
+    // Advice values are not flags: one call each. Failure only costs speed, so it is not checked.
+    ::madvise(const_cast<uint8_t*>(map->data()), map->size(), MADV_SEQUENTIAL);
+    ::madvise(const_cast<uint8_t*>(map->data()), map->size(), MADV_WILLNEED);
     std::vector<size_t> order(info.tensors.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),
