@@ -169,6 +169,18 @@ TEST(TemplateLanguage, LoopsAndScoping) {
   EXPECT_EQ(R("{% for i in range(3) %}{{ loop.cycle('x', 'y') }}{% endfor %}"), "xyx");
 }
 
+TEST(TemplateLanguage, JinjaScopingOfLaterAssignments) {
+  // A name first assigned later in a scope is undefined before that in nested scopes, even when
+  // the context defines it (Jinja's compile-time symbol tables); reads before it in the same
+  // scope, and names assigned only in some branches of an if, still see the outer value.
+  json ctx = {{"x", 3}};
+  EXPECT_EQ(R("{% for i in [1] %}[{{ x }}]{% endfor %}{% set x = 5 %}{{ x }}", ctx), "[]5");
+  EXPECT_EQ(R("{{ x }}{% set x = 5 %}{{ x }}", ctx), "35");
+  EXPECT_EQ(R("{% for i in [1] %}[{{ x }}]{% endfor %}{% if false %}{% set x = 5 %}{% endif %}", ctx), "[3]");
+  EXPECT_EQ(R("{% macro m() %}[{{ x }}]{% endmacro %}{{ m() }}{% set x = 5 %}{{ m() }}", ctx), "[][5]");
+  EXPECT_EQ(R("{% for i in [1, 2] %}{% for j in [1] %}[{{ x }}]{% endfor %}{% set x = i %}{% endfor %}", ctx), "[][]");
+}
+
 TEST(TemplateLanguage, MacrosAndSetBlocks) {
   EXPECT_EQ(R("{% macro m(n, g='Hi') %}{{ g }} {{ n }}{% endmacro %}{{ m('a') }}|{{ m('b', g='Yo') }}"), "Hi a|Yo b");
   EXPECT_EQ(R("{% set b %}x{{ 1 + 1 }}{% endset %}[{{ b }}]"), "[x2]");

@@ -431,6 +431,7 @@ class Interp {
 
   void run(const Program& prog, const FramePtr& root) {
     try {
+      mark_undefined(*root, prog.undefined_on_entry);
       exec_body(prog.body, root);
     } catch (const Error&) {
       throw;
@@ -482,6 +483,16 @@ class Interp {
 
   [[noreturn]] void undefined_error(const Value& v, int line) const { fail(line, "UndefinedError: " + v.str()); }
 
+  static void mark_undefined(Frame& f, const std::vector<std::string>& names) {
+    for (const auto& n : names) f.set(n, Value::undefined("'" + n + "' is undefined"));
+  }
+
+  static FramePtr child_frame(const FramePtr& parent, const Stmt& s, std::size_t body) {
+    auto frame = std::make_shared<Frame>(Frame{{}, parent});
+    if (body < s.undefined_on_entry.size()) mark_undefined(*frame, s.undefined_on_entry[body]);
+    return frame;
+  }
+
   // --- statements -----------------------------------------------------------------------------
 
   Flow exec_body(const Body& body, const FramePtr& f) {
@@ -511,7 +522,7 @@ class Interp {
       case StmtKind::For: return exec_for(s, f);
       case StmtKind::Set: assign(s.target, eval(*s.expr, f), f, s.line); return Flow::Normal;
       case StmtKind::SetBlock: {
-        std::string captured = capture(s.bodies[0], std::make_shared<Frame>(Frame{{}, f}));
+        std::string captured = capture(s.bodies[0], child_frame(f, s, 0));
         f->set(s.target.names[0], Value::string(std::move(captured)));
         return Flow::Normal;
       }
@@ -529,7 +540,7 @@ class Interp {
       }
       case StmtKind::Break: return Flow::Break;
       case StmtKind::Continue: return Flow::Continue;
-      case StmtKind::Scope: exec_body(s.bodies[0], std::make_shared<Frame>(Frame{{}, f})); return Flow::Normal;
+      case StmtKind::Scope: exec_body(s.bodies[0], child_frame(f, s, 0)); return Flow::Normal;
       case StmtKind::FilterBlock: break;
     }
     fail(s.line, "unsupported statement");
@@ -582,7 +593,7 @@ class Interp {
     const std::size_t n = items.size();
     for (std::size_t k = 0; k < n; ++k) {
       count_iteration(s.line);
-      auto frame = std::make_shared<Frame>(Frame{{}, f});
+      FramePtr frame = child_frame(f, s, 0);
       auto loop = std::make_shared<Dict>();
       auto idx = static_cast<std::int64_t>(k);
       auto len = static_cast<std::int64_t>(n);
@@ -609,7 +620,7 @@ class Interp {
       assign(s.target, items[k], frame, s.line);
       if (exec_body(s.bodies[0], frame) == Flow::Break) break;
     }
-    if (n == 0 && s.bodies.size() > 1) exec_body(s.bodies[1], std::make_shared<Frame>(Frame{{}, f}));
+    if (n == 0 && s.bodies.size() > 1) exec_body(s.bodies[1], child_frame(f, s, 1));
     return Flow::Normal;
   }
 
@@ -1083,7 +1094,7 @@ class Interp {
       fail(line, "macro '" + c.name + "' takes not more than " + std::to_string(m.params.size()) + " argument(s)");
     if (call_depth_ >= lim_.max_call_depth)
       fail(line, "macro calls nested deeper than the limit of " + std::to_string(lim_.max_call_depth));
-    auto frame = std::make_shared<Frame>(Frame{{}, closure});
+    FramePtr frame = child_frame(closure, m, 0);
     std::size_t first_default = m.params.size() - m.defaults.size();
     for (const auto& [k, v] : args.kw)
       if (std::find(m.params.begin(), m.params.end(), k) == m.params.end())

@@ -148,10 +148,14 @@ struct Stmt {
   Target target;                        // Set, SetBlock, For
   std::vector<std::string> params;      // Macro parameters
   std::vector<ExprPtr> defaults;        // Macro defaults, aligned to the last params
+  // Per body that runs in a scope of its own (For body/else, Macro, SetBlock, Scope): the names
+  // Jinja's compiler initialises as undefined on entry (see analyze_scopes in template_parse.cpp).
+  std::vector<std::vector<std::string>> undefined_on_entry;
 };
 
 struct Program {
   Body body;
+  std::vector<std::string> undefined_on_entry;  // of the top-level scope
 };
 
 // Parses template source into a Program; throws ingot::Error naming the line.

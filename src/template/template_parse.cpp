@@ -4,6 +4,7 @@
 // whitespace they keep or drop is part of the rendered prompt. The grammar and operator
 // precedence follow Jinja2's parser; constructs outside the supported subset are rejected here
 // with the line and the construct named.
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -1156,6 +1157,160 @@ class Parser {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Scope analysis. Jinja compiles each scope (the template, a loop body, a macro, ...) with a
+// symbol table built in source order: a name whose first use in a scope is an assignment, with no
+// enclosing scope using it, starts out undefined in that scope, even if the caller passed a
+// variable of that name. So `{% for m in messages %}{{ x }}{% endfor %}{% set x = 1 %}` prints
+// nothing for x inside the loop. The interpreter otherwise looks names up through the chain of
+// scopes, which agrees with Jinja in every other case; this pass finds the exceptions.
+
+class ScopeAnalysis {
+ public:
+  void run(Program& prog) {
+    Symbols root(nullptr);
+    for (auto& st : prog.body) visit(*st, root);
+    prog.undefined_on_entry = root.undefined_names();
+    for (auto& st : prog.body) analyze_children(*st, root);
+  }
+
+ private:
+  enum class Kind : std::uint8_t { Resolve, Undefined, Alias, Param };
+  struct Symbols {
+    const Symbols* parent;
+    std::vector<std::pair<std::string, Kind>> refs;
+    std::vector<std::string> stores;
+    explicit Symbols(const Symbols* p) : parent(p) {}
+    Kind* own(const std::string& n) {
+      for (auto& [k, v] : refs)
+        if (k == n) return &v;
+      return nullptr;
+    }
+    bool has_own(const std::string& n) const {
+      for (const auto& [k, v] : refs)
+        if (k == n) return true;
+      return false;
+    }
+    bool find_ref(const std::string& n) const {
+      for (const Symbols* s = this; s; s = s->parent)
+        if (s->has_own(n)) return true;
+      return false;
+    }
+    bool stored(const std::string& n) const { return std::find(stores.begin(), stores.end(), n) != stores.end(); }
+    void set(const std::string& n, Kind k) {
+      if (Kind* o = own(n))
+        *o = k;
+      else
+        refs.emplace_back(n, k);
+    }
+    void load(const std::string& n) {
+      if (!find_ref(n)) set(n, Kind::Resolve);
+    }
+    void store(const std::string& n) {
+      if (!stored(n)) stores.push_back(n);
+      if (has_own(n)) return;
+      set(n, parent && parent->find_ref(n) ? Kind::Alias : Kind::Undefined);
+    }
+    void param(const std::string& n) {
+      if (!stored(n)) stores.push_back(n);
+      set(n, Kind::Param);
+    }
+    // A name first assigned inside a branch of an `if` keeps the value from outside until then.
+    void branch_update(const std::vector<Symbols>& branches) {
+      std::vector<std::string> branch_stores;
+      for (const auto& b : branches)
+        for (const auto& t : b.stores)
+          if (!stored(t) && std::find(branch_stores.begin(), branch_stores.end(), t) == branch_stores.end())
+            branch_stores.push_back(t);
+      for (const auto& b : branches) {
+        for (const auto& [k, v] : b.refs) set(k, v);
+        for (const auto& t : b.stores)
+          if (!stored(t)) stores.push_back(t);
+      }
+      for (const auto& n : branch_stores) set(n, parent && parent->find_ref(n) ? Kind::Alias : Kind::Resolve);
+    }
+    std::vector<std::string> undefined_names() const {
+      std::vector<std::string> out;
+      for (const auto& [k, v] : refs)
+        if (v == Kind::Undefined) out.push_back(k);
+      return out;
+    }
+  };
+
+  void visit_expr(const Expr* e, Symbols& s) {
+    if (!e) return;
+    if (e->kind == ExprKind::Name) s.load(e->name);
+    for (const auto& a : e->args) visit_expr(a.get(), s);
+  }
+
+  // One `if` node as Jinja sees it: test, body, its elif nodes, else body.
+  void visit_if(const Stmt& st, std::size_t k, Symbols& s, bool with_rest) {
+    visit_expr(st.conds[k].get(), s);
+    std::vector<Symbols> branches(3, s);
+    for (const auto& b : st.bodies[k]) visit(*b, branches[0]);
+    if (with_rest) {
+      for (std::size_t j = k + 1; j < st.conds.size(); ++j) visit_if(st, j, branches[1], false);
+      if (st.bodies.size() > st.conds.size())
+        for (const auto& b : st.bodies.back()) visit(*b, branches[2]);
+    }
+    s.branch_update(branches);
+  }
+
+  // Symbols of one scope, not descending into nested scopes.
+  void visit(const Stmt& st, Symbols& s) {
+    switch (st.kind) {
+      case StmtKind::Print: visit_expr(st.expr.get(), s); break;
+      case StmtKind::If: visit_if(st, 0, s, true); break;
+      case StmtKind::For: visit_expr(st.expr.get(), s); break;
+      case StmtKind::Set:
+        visit_expr(st.expr.get(), s);
+        if (!st.target.ns_attr.empty()) {
+          s.load(st.target.names[0]);
+        } else {
+          for (const auto& n : st.target.names) s.store(n);
+        }
+        break;
+      case StmtKind::SetBlock: s.store(st.target.names[0]); break;
+      case StmtKind::Macro: s.store(st.text); break;
+      default: break;
+    }
+  }
+
+  Symbols analyze_body(const Body& body, const Symbols& parent, const std::vector<std::string>& params,
+                       const std::vector<ExprPtr>* defaults) {
+    Symbols s(&parent);
+    for (const auto& p : params) s.param(p);
+    if (defaults)
+      for (const auto& d : *defaults) visit_expr(d.get(), s);
+    for (const auto& b : body) visit(*b, s);
+    return s;
+  }
+
+  // Analyses the scopes nested in st (whose enclosing scope has the symbols `outer`).
+  void analyze_children(Stmt& st, const Symbols& outer) {
+    switch (st.kind) {
+      case StmtKind::If:
+        for (auto& body : st.bodies)
+          for (auto& b : body) analyze_children(*b, outer);
+        return;
+      case StmtKind::For:
+      case StmtKind::Macro:
+      case StmtKind::SetBlock:
+      case StmtKind::Scope: break;
+      default: return;
+    }
+    st.undefined_on_entry.clear();
+    for (std::size_t k = 0; k < st.bodies.size(); ++k) {
+      std::vector<std::string> params;
+      if (st.kind == StmtKind::For && k == 0) params = st.target.names;
+      if (st.kind == StmtKind::Macro) params = st.params;
+      Symbols s = analyze_body(st.bodies[k], outer, params, st.kind == StmtKind::Macro ? &st.defaults : nullptr);
+      st.undefined_on_entry.push_back(s.undefined_names());
+      for (auto& b : st.bodies[k]) analyze_children(*b, s);
+    }
+  }
+};
+
 void check_utf8(const std::string& s) {
   int line = 1;
   for (std::size_t p = 0; p < s.size();) {
@@ -1202,7 +1357,9 @@ std::unique_ptr<Program> parse_template(const std::string& source, const Limits&
   if (!src.empty() && src.back() == '\n') src.pop_back();
   Lexer lexer(src, limits);
   Parser parser(lexer.run(), limits);
-  return parser.run();
+  std::unique_ptr<Program> prog = parser.run();
+  ScopeAnalysis().run(*prog);
+  return prog;
 }
 
 }  // namespace ingot::tmpl::detail
