@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <unistd.h>
+#include <utf8proc.h>
 
 #include "core/error.h"
 #include "tokenizer/components.h"
@@ -593,6 +594,26 @@ TEST_F(TokenizerFiles, AddedTokenFlags) {
   // No decoder: tokens are joined with spaces; special ones can be skipped.
   EXPECT_EQ(tok.decode(std::vector<int32_t>{n + 3, n + 1, n + 4}, false), "[CLS] name [SEP]");
   EXPECT_EQ(tok.decode(std::vector<int32_t>{n + 3, n + 1, n + 4}, true), "name");
+}
+
+TEST(TokenizerParts, NfcSkipsOnlyWhatCannotChange) {
+  // The NFC normalizer skips text that is already NFC and normalizes only the regions that may
+  // change; on any mix of characters it must agree with utf8proc normalizing the whole string.
+  const auto nfc = ingot::tok::detail::make_normalizer(json::parse(R"({"type":"NFC"})"), "test");
+  const char32_t pool[] = {'a', 'e', 'A', ' ', 0x301, 0x308, 0x323, 0x327, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x3099,
+                           0x304B, 0x212B, 0x2126, 0x958, 0x9BE, 0x9C7, 0xB47, 0xB3E, 0x3AC, 0x1F71, 0x374, 0x4E2D,
+                           0xE9, 0x1E9B, 0x5B0, 0x5D0, 0xFB2C, 0x1D15E, 0x110A5, 0x11131, 0x0F73, 0x0F71, 0x0F72};
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<size_t> pick(0, std::size(pool) - 1), len(1, 12);
+  for (int round = 0; round < 20000; ++round) {
+    std::string s;
+    for (size_t k = len(rng); k > 0; --k) ingot::tok::detail::utf8_append(s, pool[pick(rng)]);
+    utf8proc_uint8_t* whole = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
+    std::string got = s;
+    nfc->normalize(got);
+    ASSERT_EQ(got, std::string(reinterpret_cast<const char*>(whole))) << json(s).dump();
+    std::free(whole);
+  }
 }
 
 TEST(TokenizerParts, Utf8Replacement) {

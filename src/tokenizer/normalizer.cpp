@@ -3,6 +3,8 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "tokenizer/components.h"
 
@@ -15,11 +17,114 @@ bool all_ascii(std::string_view s) {
   return true;
 }
 
+// Code points that NFC leaves as they are wherever they stand: combining class 0, not the second
+// half of any canonical composition, and stable on their own. Text made only of these is already
+// NFC, so the (costly) normalization can be skipped. Built once from utf8proc's own tables, so it
+// agrees with the normalization it stands in for.
+class NfcInert {
+ public:
+  static const NfcInert& get() {
+    static const NfcInert table;
+    return table;
+  }
+  bool operator()(char32_t c) const { return (bits_[c >> 6] >> (c & 63)) & 1; }
+
+ private:
+  NfcInert() : bits_((0x110000 >> 6), ~0ULL) {
+    utf8proc_int32_t parts[16];
+    for (char32_t c = 0x80; c < 0x110000; ++c) {
+      if (c >= 0xD800 && c <= 0xDFFF) continue;
+      const auto cp = static_cast<utf8proc_int32_t>(c);
+      if (utf8proc_get_property(cp)->combining_class != 0) clear(c);
+      int boundclass = 0;
+      const utf8proc_ssize_t n = utf8proc_decompose_char(cp, parts, 16, UTF8PROC_DECOMPOSE, &boundclass);
+      if (n < 1 || (n == 1 && parts[0] == cp)) continue;
+      // Everything after the first part of a decomposition may compose with what precedes it.
+      for (utf8proc_ssize_t k = 1; k < n && k < 16; ++k) clear(static_cast<char32_t>(parts[k]));
+      if (!stable_alone(cp)) clear(c);
+    }
+  }
+  static bool stable_alone(utf8proc_int32_t cp) {
+    utf8proc_uint8_t in[4];
+    const utf8proc_ssize_t len = utf8proc_encode_char(cp, in);
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(in, len, &out, utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    const bool same = n == len && std::memcmp(out, in, static_cast<size_t>(len)) == 0;
+    std::free(out);
+    return same;
+  }
+  void clear(char32_t c) {
+    if (c < 0x110000) bits_[c >> 6] &= ~(1ULL << (c & 63));
+  }
+  std::vector<uint64_t> bits_;
+};
+
+bool nfc_quick_yes(std::string_view s) {
+  const NfcInert& inert = NfcInert::get();
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    if (!inert(utf8_next(s, i))) return false;
+  }
+  return true;
+}
+
 class UnicodeForm final : public Normalizer {
  public:
   UnicodeForm(int options, std::string name) : options_(utf8proc_option_t(options)), name_(std::move(name)) {}
   void normalize(std::string& s) const override {
-    if (all_ascii(s)) return;  // ASCII is invariant under every normalization form
+    if (is_noop_for(s)) return;
+    if (options_ == utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE)) {
+      s = nfc_by_regions(s);
+      return;
+    }
+    s = map(s);
+  }
+  bool is_noop_for(std::string_view s) const override {
+    // ASCII is invariant under every normalization form.
+    if (all_ascii(s)) return true;
+    return options_ == utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE) && nfc_quick_yes(s);
+  }
+
+ private:
+  // NFC only where it can change something: each run of non-inert characters together with the
+  // inert character before it (which they may compose with). A boundary before an inert
+  // character is a normalization boundary, so the regions normalize independently.
+  std::string nfc_by_regions(std::string_view s) const {
+    const NfcInert& inert = NfcInert::get();
+    std::string out;
+    out.reserve(s.size());
+    size_t copied = 0, last_inert = 0, i = 0;
+    // Reads the character at i, advances i past it, and says whether it is inert.
+    auto step = [&](size_t& i) {
+      if (static_cast<unsigned char>(s[i]) < 0x80) {
+        ++i;
+        return true;
+      }
+      return inert(utf8_next(s, i));
+    };
+    while (i < s.size()) {
+      const size_t start = i;
+      if (step(i)) {
+        last_inert = start;
+        continue;
+      }
+      size_t end = i;
+      while (end < s.size()) {
+        size_t k = end;
+        if (step(k)) break;
+        end = k;
+      }
+      out.append(s, copied, last_inert - copied);
+      out += map(s.substr(last_inert, end - last_inert));
+      copied = i = end;
+    }
+    out.append(s, copied, std::string_view::npos);
+    return out;
+  }
+  std::string map(std::string_view s) const {
     utf8proc_uint8_t* out = nullptr;
     // An explicit length (no NULLTERM) keeps embedded NUL characters.
     const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
@@ -27,12 +132,11 @@ class UnicodeForm final : public Normalizer {
     if (n < 0) {
       throw Error("normalizer " + name_ + ": " + utf8proc_errmsg(n));
     }
-    s.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+    std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
     std::free(out);
+    return result;
   }
-  bool is_noop_for(std::string_view s) const override { return all_ascii(s); }
 
- private:
   utf8proc_option_t options_;
   std::string name_;
 };
