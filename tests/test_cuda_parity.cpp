@@ -4,6 +4,8 @@
 // (tokens and the whole KV cache), in f32 and bf16. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,11 @@ namespace {
 
 const std::vector<std::string> kFixtures = {"llama3", "qwen2", "qwen3", "qwen3_swa"};
 
-std::string fixture_dir(const std::string& name) { return std::string(INGOT_SOURCE_DIR) + "/tests/data/models/" + name; }
+// INGOT_SOURCE_DIR in the environment wins, so binaries built here run from the GPU machine's copy.
+std::string fixture_dir(const std::string& name) {
+  const char* env = std::getenv("INGOT_SOURCE_DIR");
+  return std::string(env && *env ? env : INGOT_SOURCE_DIR) + "/tests/data/models/" + name;
+}
 
 class CudaParity : public ::testing::TestWithParam<std::string> {
  protected:
