@@ -3,6 +3,7 @@
 // tools/make_template_goldens.py), plus unit tests of the language, the sandbox limits and the
 // errors for unsupported constructs.
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -179,6 +180,24 @@ TEST(TemplateLanguage, JinjaScopingOfLaterAssignments) {
   EXPECT_EQ(R("{% for i in [1] %}[{{ x }}]{% endfor %}{% if false %}{% set x = 5 %}{% endif %}", ctx), "[3]");
   EXPECT_EQ(R("{% macro m() %}[{{ x }}]{% endmacro %}{{ m() }}{% set x = 5 %}{{ m() }}", ctx), "[][5]");
   EXPECT_EQ(R("{% for i in [1, 2] %}{% for j in [1] %}[{{ x }}]{% endfor %}{% set x = i %}{% endfor %}", ctx), "[][]");
+}
+
+TEST(TemplateLanguage, TransformersGlobalsAndTags) {
+  // {% generation %} (transformers' assistant-mask tag) renders its body.
+  EXPECT_EQ(R("a{% generation %}b{{ 1 }}{% endgeneration %}c"), "ab1c");
+  EXPECT_EQ(R("{{ strftime_now is defined }}{{ raise_exception is defined }}"), "TrueTrue");
+  // strftime_now formats the current local time; read the clock around the render so a change of
+  // year in between cannot fail the test.
+  auto year = [] {
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    return std::to_string(tm.tm_year + 1900);
+  };
+  std::string before = year();
+  std::string got = R("{{ strftime_now('%Y') }}");
+  std::string after = year();
+  EXPECT_TRUE(got == before || got == after) << got;
 }
 
 TEST(TemplateLanguage, MacrosAndSetBlocks) {
