@@ -596,6 +596,21 @@ TEST_F(TokenizerFiles, AddedTokenFlags) {
   EXPECT_EQ(tok.decode(std::vector<int32_t>{n + 3, n + 1, n + 4}, true), "name");
 }
 
+TEST_F(TokenizerFiles, MergeAcrossSpaceMarkerIsKept) {
+  // SentencePiece-style words are merged in pieces cut before "▁" only when no token spans such a
+  // cut; here "a▁" is a token, so the whole word must be merged as one.
+  const std::string model = R"({"type":"BPE","vocab":{"a":0,"▁":1,"b":2,"a▁":3,"▁b":4},"merges":["a ▁","▁ b"]})";
+  const std::string normalizer = R"({"type":"Replace","pattern":{"String":" "},"content":"▁"})";
+  const Tokenizer tok = Tokenizer::from_file(write("tokenizer.json", R"({"normalizer":)" + normalizer +
+                                                                    R"(,"model":)" + model + "}"));
+  EXPECT_EQ(tok.encode("a b", false), (std::vector<int32_t>{3, 2}));
+  // Without the spanning token the cut applies, with the same result as merging the whole word.
+  const std::string model2 = R"({"type":"BPE","vocab":{"a":0,"▁":1,"b":2,"▁b":4},"merges":["▁ b"]})";
+  const Tokenizer tok2 = Tokenizer::from_file(write("tokenizer.json", R"({"normalizer":)" + normalizer +
+                                                                     R"(,"model":)" + model2 + "}"));
+  EXPECT_EQ(tok2.encode("a b", false), (std::vector<int32_t>{0, 4}));
+}
+
 TEST(TokenizerParts, NfcSkipsOnlyWhatCannotChange) {
   // The NFC normalizer skips text that is already NFC and normalizes only the regions that may
   // change; on any mix of characters it must agree with utf8proc normalizing the whole string.

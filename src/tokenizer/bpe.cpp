@@ -46,6 +46,8 @@ void PairMap::insert_or_assign(int32_t a, int32_t b, uint32_t rank, int32_t new_
 
 namespace {
 
+constexpr std::string_view kMeta = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
 std::string byte_token_name(unsigned b) {
   static const char* hex = "0123456789ABCDEF";
   std::string s = "<0x";
@@ -162,6 +164,17 @@ BpeModel::BpeModel(const json& m, const std::string& where) {
     byte_char_ids_[v] = it == vocab_.end() ? -1 : it->second;
     if (it == vocab_.end()) byte_fast_path_ = false;
   }
+
+  split_before_meta_ = prefix_.empty() && suffix_.empty() && vocab_.count(kMeta) > 0;
+  for (auto it = vocab_.begin(); split_before_meta_ && it != vocab_.end(); ++it) {
+    const std::string& t = it->first;
+    for (size_t p = t.find(kMeta, 1); p != std::string::npos; p = t.find(kMeta, p + 1)) {
+      if (p < kMeta.size() || t.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0) {
+        split_before_meta_ = false;
+        break;
+      }
+    }
+  }
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
@@ -177,6 +190,21 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
 
 void BpeModel::tokenize(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
   if (word.empty()) return;
+  if (!byte_level && split_before_meta_) {
+    // Cut before every "▁" that follows another character.
+    size_t begin = 0;
+    for (size_t p = word.find(kMeta, 1); p != std::string_view::npos; p = word.find(kMeta, p + kMeta.size())) {
+      if (p >= kMeta.size() && word.compare(p - kMeta.size(), kMeta.size(), kMeta) == 0) continue;
+      tokenize_word(word.substr(begin, p - begin), false, out);
+      begin = p;
+    }
+    tokenize_word(word.substr(begin), false, out);
+    return;
+  }
+  tokenize_word(word, byte_level, out);
+}
+
+void BpeModel::tokenize_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
     const StringIdMap& map = byte_level ? raw_vocab_ : vocab_;
     if (auto it = map.find(word); it != map.end()) {

@@ -114,6 +114,7 @@ class BpeModel {
   const StringIdMap& vocab() const { return vocab_; }
 
  private:
+  void tokenize_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const;
   void merge_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const;
   void initial_symbols(std::string_view text, std::vector<int32_t>& syms) const;
   void apply_merges(std::vector<int32_t>& syms) const;
@@ -130,6 +131,10 @@ class BpeModel {
   std::array<int32_t, 256> byte_fallback_ids_{};  // id of "<0xXX>", or -1
   std::array<int32_t, 256> byte_char_ids_{};      // id of each byte's mapped character, or -1
   bool byte_fast_path_ = false;                   // every byte's character is in the vocab
+  // SentencePiece-style text ("▁" for spaces, no pre-tokenizer) reaches the model as one long word.
+  // When no token has "▁" after another character, no merge can cross the point before such a
+  // "▁", so the word is merged in pieces cut there: same ids, and the pieces can be cached.
+  bool split_before_meta_ = false;
 
   // Bounded cache of words already merged: text repeats words constantly.
   static constexpr size_t kCacheCapacity = 1 << 16;
