@@ -49,7 +49,8 @@ class StopFilter {
 
 }  // namespace
 
-TextResult Session::generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text) {
+TextResult Session::generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text,
+                             const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   if (req.prompt_ids.empty()) throw Error("generate: the prompt has no tokens");
@@ -98,10 +99,12 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
     history.push_back(tok);
     if (std::find(req.eos_ids.begin(), req.eos_ids.end(), tok) != req.eos_ids.end()) {
       res.stop_reason = "eos";
+      if (on_token) on_token(tok);
       break;
     }
     bool hit = false;
     emit(stop.push(dec.push(tok), hit));
+    if (on_token) on_token(tok);
     if (hit) {
       res.stop_reason = "stop_string";
       break;

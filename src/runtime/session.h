@@ -36,8 +36,10 @@ struct TextResult {
 class Session {
  public:
   Session(Model& model, const tok::Tokenizer& tokenizer, int row = 0) : m_(model), tok_(tokenizer), row_(row) {}
-  // Throws Error before any compute when the request cannot fit the cache.
-  TextResult generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text = {});
+  // Throws Error before any compute when the request cannot fit the cache. on_token, when set, gets
+  // each generated id right after on_text got the text that id released.
+  TextResult generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text = {},
+                      const std::function<void(int32_t)>& on_token = {});
   void reset() { cached_.clear(); }
 
  private:

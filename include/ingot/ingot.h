@@ -1,0 +1,103 @@
+// ingot's public C++ API: load an engine file (.ingot, from `ingot build`) or a Hugging Face checkpoint
+// folder, then generate text from a prompt or a chat, with sampling and a per-token streaming
+// callback; lower-level calls tokenize, detokenize, render chats and return logits. Everything else
+// (backends, kernels, file formats) stays behind this header. Errors are thrown as std::runtime_error
+// whose message names the problem (file, field, limit).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ingot::api {
+
+struct LoadConfig {
+  std::string device = "auto";  // auto (the GPU when usable), cpu or cuda
+  int threads = 0;              // CPU threads; 0 = all cores
+  bool verify = true;           // engine files: check every weight's checksum while loading
+  // Checkpoint folders only (an engine file brings its own and refuses to change them):
+  std::string dtype;       // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16
+  int64_t capacity = 0;    // cache slots, i.e. prompt + generated tokens; 0 = max_position_embeddings
+};
+
+struct Sampling {
+  float temperature = 0.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off
+  uint64_t seed = 0;                // the same seed and inputs give the same tokens
+};
+
+struct GenerateConfig {
+  int max_new_tokens = 256;
+  Sampling sampling;
+  std::vector<std::string> stop;  // stop strings (the text is cut before them)
+  bool ignore_eos = false;
+};
+
+struct Message {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+struct ChatConfig {
+  bool add_generation_prompt = true;
+  int enable_thinking = -1;  // -1: leave to the template; 0 / 1: pass enable_thinking=false / true
+};
+
+struct Result {
+  std::string text;                // generated text
+  std::vector<int32_t> token_ids;  // generated ids
+  int64_t prompt_tokens = 0;
+  int64_t computed_prompt_tokens = 0;  // prompt tokens computed (the rest came from the cached prefix)
+  std::string stop_reason;             // eos | stop_string | length
+  double ttft_s = 0;                   // call start to first token
+  double decode_s = 0;                 // first token to last
+  double decode_tokens_per_s() const {
+    return token_ids.size() > 1 && decode_s > 0 ? double(token_ids.size() - 1) / decode_s : 0.0;
+  }
+};
+
+// Called once per generated token with the text it completed (empty while a multi-byte character or
+// a possible stop string is pending). Text still pending when generation ends comes in one last call
+// with token_id -1.
+using OnToken = std::function<void(int32_t token_id, std::string_view text)>;
+
+class Model {
+ public:
+  // `path`: an engine file or a checkpoint folder (config.json, safetensors, tokenizer.json).
+  static Model load(const std::string& path, const LoadConfig& config = {});
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  Result generate(std::string_view prompt, const GenerateConfig& config = {}, const OnToken& on_token = {});
+  Result generate(const std::vector<int32_t>& prompt_ids, const GenerateConfig& config = {},
+                  const OnToken& on_token = {});
+  // Renders the messages with the model's chat template and generates the assistant's reply. The
+  // conversation's cached prefix is reused across calls.
+  Result chat(const std::vector<Message>& messages, const GenerateConfig& config = {}, const OnToken& on_token = {},
+              const ChatConfig& chat = {});
+
+  std::vector<int32_t> tokenize(std::string_view text, bool add_special_tokens = true) const;
+  std::string detokenize(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  std::string render_chat(const std::vector<Message>& messages, const ChatConfig& chat = {}) const;
+  // Next-token logits after each of `ids` (a fresh sequence): ids.size() rows of vocab_size() floats.
+  std::vector<float> logits(const std::vector<int32_t>& ids);
+
+  int64_t vocab_size() const;   // the model's
+  int64_t capacity() const;     // cache slots: the most prompt + generated tokens per call
+  std::string device() const;   // cpu or cuda
+  double load_seconds() const;  // time load() took
+  void reset();                 // forget the cached conversation
+
+ private:
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ingot::api

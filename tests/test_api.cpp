@@ -1,0 +1,200 @@
+// The public API (include/ingot/ingot.h) on a fixture model given a tiny byte-level tokenizer: a
+// checkpoint folder and the engine file built from it generate the same tokens as the runtime, stream
+// them token by token, give the runtime's logits, and carry the tokenizer and chat template along.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "ingot/ingot.h"
+#include "io/engine_file.h"
+#include "runtime/generate.h"
+#include "test_helpers.h"
+
+namespace ingot {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xE0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// A byte-level BPE (split as Qwen and Llama 3 do, then bytes mapped to characters the GPT-2 way) whose
+// ids are the byte values, no merges, and
+// three special tokens, sized to the fixtures' 512-token vocabulary.
+void write_tokenizer(const fs::path& dir) {
+  std::vector<uint32_t> printable;
+  for (uint32_t b = '!'; b <= '~'; ++b) printable.push_back(b);
+  for (uint32_t b = 0xA1; b <= 0xAC; ++b) printable.push_back(b);
+  for (uint32_t b = 0xAE; b <= 0xFF; ++b) printable.push_back(b);
+  nlohmann::json vocab = nlohmann::json::object();
+  uint32_t extra = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool direct = std::find(printable.begin(), printable.end(), b) != printable.end();
+    vocab[utf8(direct ? b : 256 + extra++)] = b;
+  }
+  // Fill up to the model's 512 ids (generation_config.json names eos 511), specials last.
+  for (uint32_t id = 256; id < 509; ++id) vocab[utf8(0x400 + id)] = id;
+  nlohmann::json added = nlohmann::json::array();
+  const char* specials[] = {"<|im_start|>", "<|im_end|>", "<|endoftext|>"};
+  for (int i = 0; i < 3; ++i)
+    added.push_back({{"id", 509 + i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  nlohmann::json tj = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+|[^\\w\\s]+|\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tj.dump();
+  nlohmann::json cfg = {{"eos_token", "<|im_end|>"},
+                        {"chat_template",
+                         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}};
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+}
+
+struct Fx {
+  test::TempDir dir;
+  std::string folder, engine;
+  Fx() {
+    folder = dir.file("qwen3");
+    fs::copy(test::fixture("qwen3"), folder);
+    write_tokenizer(folder);
+    engine = dir.file("qwen3.ingot");
+    EngineBuildInfo info;
+    info.bounds.capacity = 64;
+    info.source = describe_checkpoint(folder);
+    save_engine(build_engine(folder), info, engine);
+  }
+};
+
+api::LoadConfig cpu() {
+  api::LoadConfig c;
+  c.device = "cpu";
+  c.capacity = 64;
+  return c;
+}
+
+TEST(Api, TokenizerAndChatTemplateComeWithTheFolderAndTheEngineFile) {
+  Fx f;
+  api::Model a = api::Model::load(f.folder, cpu());
+  api::Model b = api::Model::load(f.engine, cpu());
+  EXPECT_EQ(a.tokenize("hi!", false), (std::vector<int32_t>{'h', 'i', '!'}));
+  EXPECT_EQ(b.tokenize("hi!", false), a.tokenize("hi!", false));
+  EXPECT_EQ(b.detokenize({'o', 'k'}), "ok");
+  const std::vector<api::Message> chat = {{"user", "hello"}};
+  EXPECT_EQ(a.render_chat(chat), "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(b.render_chat(chat), a.render_chat(chat));
+  EXPECT_EQ(a.capacity(), 64);
+  EXPECT_EQ(b.capacity(), 64);
+  EXPECT_EQ(b.vocab_size(), 512);
+  EXPECT_EQ(b.device(), "cpu");
+}
+
+TEST(Api, GenerationMatchesTheRuntimeAndStreamsTokenByToken) {
+  Fx f;
+  const std::vector<int32_t> prompt = {1, 17, 42, 99, 7};
+  Engine eng = build_engine(f.folder);
+  auto be = make_cpu_backend();
+  RuntimeOptions rt;
+  rt.capacity = 64;
+  Model m(eng, *be, rt);
+  GenerateOptions go;
+  go.max_new_tokens = 10;
+  const std::vector<int32_t> want = generate_greedy(m, prompt, go);
+
+  for (const std::string& path : {f.folder, f.engine}) {
+    api::Model am = api::Model::load(path, cpu());
+    api::GenerateConfig c;
+    c.max_new_tokens = 10;
+    c.ignore_eos = true;
+    std::vector<int32_t> streamed;
+    std::string text;
+    api::Result r = am.generate(prompt, c, [&](int32_t id, std::string_view t) {
+      if (id >= 0) streamed.push_back(id);
+      text += t;
+    });
+    EXPECT_EQ(r.token_ids, want) << path;
+    EXPECT_EQ(streamed, want) << path;
+    EXPECT_EQ(text, r.text) << path;
+    EXPECT_EQ(r.stop_reason, "length");
+    EXPECT_EQ(r.prompt_tokens, 5);
+  }
+}
+
+TEST(Api, LogitsAreTheRuntimeLogits) {
+  Fx f;
+  const std::vector<int32_t> ids = {3, 40, 77, 120, 5, 9};
+  Engine eng = build_engine(f.folder);
+  auto be = make_cpu_backend();
+  RuntimeOptions rt;
+  rt.capacity = 64;
+  Model m(eng, *be, rt);
+  HostTensor want = m.forward(Batch{{BatchRow{0, ids, 0, {}, true}}});
+  for (const std::string& path : {f.folder, f.engine}) {
+    api::Model am = api::Model::load(path, cpu());
+    std::vector<float> got = am.logits(ids);
+    ASSERT_EQ(got.size(), size_t(want.numel()));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.nbytes()), 0) << path;
+  }
+}
+
+TEST(Api, ChatReusesTheCachedConversation) {
+  Fx f;
+  api::Model am = api::Model::load(f.engine, cpu());
+  api::GenerateConfig c;
+  c.max_new_tokens = 2;
+  c.ignore_eos = true;
+  std::vector<api::Message> msgs = {{"user", "hi"}};
+  api::Result first = am.chat(msgs, c);
+  EXPECT_EQ(first.computed_prompt_tokens, first.prompt_tokens);
+  msgs.push_back({"assistant", first.text});
+  msgs.push_back({"user", "ok"});
+  api::Result second = am.chat(msgs, c);
+  EXPECT_GT(second.prompt_tokens, first.prompt_tokens);
+  EXPECT_LT(second.computed_prompt_tokens, second.prompt_tokens);
+}
+
+TEST(Api, ErrorsNameTheProblem) {
+  Fx f;
+  test::expect_error([&] { api::Model::load(f.dir.file("missing.ingot"), cpu()); }, {"missing.ingot"});
+  api::LoadConfig c = cpu();
+  c.capacity = 32;
+  test::expect_error([&] { api::Model::load(f.engine, c); }, {"built for capacity 64"});
+  api::Model am = api::Model::load(f.engine, cpu());
+  api::GenerateConfig g;
+  g.max_new_tokens = 100;
+  test::expect_error([&] { am.generate(std::vector<int32_t>{1, 2, 3}, g); }, {"capacity is 64"});
+  // A model without tokenizer files can still give logits, but not text.
+  api::Model bare = api::Model::load(test::fixture("qwen3"), cpu());
+  EXPECT_EQ(bare.logits({1, 2}).size(), 2u * 512u);
+  test::expect_error([&] { bare.tokenize("x"); }, {"no tokenizer"});
+}
+
+}  // namespace
+}  // namespace ingot
