@@ -277,6 +277,11 @@ TEST(TemplateSandbox, LimitsNameTheLimit) {
   EXPECT_NE(e.find("output limit of 1000 bytes"), std::string::npos) << e;
   e = error_of("{{ 'x' * 100000 }}", json::object(), small);
   EXPECT_NE(e.find("output limit of 1000 bytes"), std::string::npos) << e;
+  // Printing or serialising a large structure stops at the limit instead of building it all.
+  e = error_of("{{ [['abcdefghij'] * 1000] * 500 }}", json::object(), small);
+  EXPECT_NE(e.find("output limit of 1000 bytes"), std::string::npos) << e;
+  e = error_of("{{ ([['abcdefghij'] * 1000] * 500)|tojson(indent=8) }}", json::object(), small);
+  EXPECT_NE(e.find("output limit of 1000 bytes"), std::string::npos) << e;
   e = error_of("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}");
   EXPECT_NE(e.find("macro calls nested deeper than the limit"), std::string::npos) << e;
   small = {};

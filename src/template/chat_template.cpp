@@ -476,6 +476,9 @@ class Interp {
     return Value::string(std::move(s));
   }
 
+  // Python str(v), bounded by the output limit.
+  std::string text_of(const Value& v) const { return to_str(v, lim_.max_output_bytes); }
+
   void emit(const std::string& s, int line) {
     out_->append(s);
     check_len(out_->size(), line);
@@ -510,7 +513,7 @@ class Interp {
       case StmtKind::Print: {
         Value v = eval(*s.expr, f);
         line_ = s.line;
-        emit(to_str(v), s.line);
+        emit(text_of(v), s.line);
         return Flow::Normal;
       }
       case StmtKind::If:
@@ -541,7 +544,6 @@ class Interp {
       case StmtKind::Break: return Flow::Break;
       case StmtKind::Continue: return Flow::Continue;
       case StmtKind::Scope: exec_body(s.bodies[0], child_frame(f, s, 0)); return Flow::Normal;
-      case StmtKind::FilterBlock: break;
     }
     fail(s.line, "unsupported statement");
   }
@@ -722,7 +724,7 @@ class Interp {
         std::string s;
         for (const auto& a : e.args) {
           Value v = eval(*a, f);
-          s += to_str(v);
+          s += text_of(v);
           check_len(s.size(), e.line);
         }
         return Value::string(std::move(s));
@@ -838,7 +840,7 @@ class Interp {
     } else if (key.is_string()) {
       return get_attr(obj, key.str(), line);
     }
-    return Value::undefined("'" + object_name(obj) + "' has no element " + (key.is_string() ? key.str() : repr(key)));
+    return Value::undefined("'" + object_name(obj) + "' has no element " + (key.is_string() || key.is_number() ? text_of(key) : std::string(type_name(key))));
   }
 
   std::int64_t slice_bound(const Expr* e, const FramePtr& f, bool* given) {
@@ -1128,7 +1130,7 @@ class Interp {
   Value call_global(const std::string& name, const Args& args, int line) {
     if (name == "raise_exception") {
       const Value* msg = args.get(0, "message");
-      fail(line, "raise_exception: " + (msg ? to_str(*msg) : std::string()));
+      fail(line, "raise_exception: " + (msg ? text_of(*msg) : std::string()));
     }
     if (name == "namespace" || name == "dict") {
       auto d = std::make_shared<Dict>();
@@ -1176,7 +1178,8 @@ class Interp {
       std::time_t now = std::time(nullptr);
       std::tm tm{};
       localtime_r(&now, &tm);
-      std::string buf(4096, '\0');
+      // No conversion writes more than 64 bytes, so this never truncates.
+      std::string buf(64 * fmt->str().size() + 64, '\0');
       std::size_t n = fmt->str().empty() ? 0 : std::strftime(buf.data(), buf.size(), fmt->str().c_str(), &tm);
       buf.resize(n);
       return Value::string(std::move(buf));
@@ -1324,7 +1327,7 @@ class Interp {
           if (name == "index") return Value::integer(static_cast<std::int64_t>(k));
           ++n;
         }
-        if (name == "index") fail(line, "ValueError: " + repr(*x) + " is not in list");
+        if (name == "index") fail(line, "ValueError: the " + std::string(type_name(*x)) + " value is not in the list");
         return Value::integer(n);
       }
     }
@@ -1370,7 +1373,7 @@ class Interp {
   }
 
   Value apply_filter(const std::string& name, const Value& v, const Args& a, int line) {
-    auto soft = [&](const Value& x) { return to_str(x); };
+    auto soft = [&](const Value& x) { return text_of(x); };
     auto flag = [&](std::size_t k, const char* kw, bool dflt) {
       const Value* x = a.get(k, kw);
       return x ? truthy(*x) : dflt;
@@ -1378,6 +1381,7 @@ class Interp {
     if (name == "tojson") {
       // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
       JsonOptions opt;
+      opt.limit = lim_.max_output_bytes;
       opt.ensure_ascii = flag(0, "ensure_ascii", false);
       const Value* indent = a.get(1, "indent");
       if (indent && !indent->is_none()) {
@@ -1733,7 +1737,7 @@ class Interp {
     if (name == "le") return compare("<=", v, need_arg(), line);
     if (name == "gt" || name == "greaterthan") return compare(">", v, need_arg(), line);
     if (name == "ge") return compare(">=", v, need_arg(), line);
-    if (name == "lower" || name == "upper") return py_is_case(to_str(v), name == "upper");
+    if (name == "lower" || name == "upper") return py_is_case(text_of(v), name == "upper");
     fail(line, "unsupported construct: test '" + name + "'");
   }
 };

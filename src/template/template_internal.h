@@ -76,11 +76,13 @@ bool truthy(const Value& v);
 bool equals(const Value& a, const Value& b);
 
 // Python str() / repr() / json.dumps(); they throw std::runtime_error (turned into ingot::Error
-// with the template line by the caller) for values Python could not format either.
-std::string to_str(const Value& v);
-std::string repr(const Value& v);
+// with the template line by the caller) for values Python could not format either, and as soon
+// as the text passes `limit` bytes (a small list repeated can print as gigabytes).
+std::string to_str(const Value& v, std::size_t limit);
+std::string repr(const Value& v, std::size_t limit);
 std::string py_float_repr(double d);
 struct JsonOptions {
+  std::size_t limit = 0;
   bool ensure_ascii = false;
   bool sort_keys = false;
   bool has_indent = false;
@@ -123,7 +125,7 @@ struct Expr {
 using ExprPtr = std::unique_ptr<Expr>;
 
 enum class StmtKind : std::uint8_t {
-  Text, Print, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope
+  Text, Print, If, For, Set, SetBlock, Macro, Break, Continue, Scope
 };
 
 // Assignment target: a name, a namespace attribute (ns.attr), or a tuple of names.
@@ -141,7 +143,7 @@ struct Stmt {
   StmtKind kind;
   int line = 0;
   std::string text;                     // Text; Macro name
-  ExprPtr expr;                         // Print, Set value, For iterable, FilterBlock filter chain
+  ExprPtr expr;                         // Print, Set value, For iterable
   ExprPtr cond;                         // For filter (`for x in y if cond`)
   std::vector<ExprPtr> conds;           // If: condition per branch (else branch has none)
   std::vector<Body> bodies;             // If branches; For {body, else}; SetBlock/Macro/Scope {body}

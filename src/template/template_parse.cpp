@@ -67,7 +67,7 @@ class Lexer {
     while (pos_ < s_.size()) {
       std::size_t start = find_tag_start(pos_);
       if (start == std::string::npos) {
-        emit_data(s_.substr(pos_), pos_);
+        emit_data(s_.substr(pos_));
         advance_to(s_.size());
         break;
       }
@@ -78,7 +78,7 @@ class Lexer {
       std::size_t raw_end = 0;
       bool raw = kind == '%' && match_raw_begin(start, &raw_end);
       std::string text = s_.substr(pos_, start - pos_);
-      emit_data(strip_before_tag(std::move(text), sign, kind == '{'), pos_);
+      emit_data(strip_before_tag(std::move(text), sign, kind == '{'));
       advance_to(start);
       if (raw) {
         lex_raw(raw_end);
@@ -173,12 +173,9 @@ class Lexer {
     return p;
   }
 
-  void emit_data(std::string text, std::size_t at) {
-    if (text.empty()) return;
-    int line = line_;
-    for (std::size_t k = pos_; k < at; ++k)
-      if (s_[k] == '\n') ++line;
-    out_.push_back(Token{Tok::Data, line, std::move(text)});
+  // Text that starts at the current position.
+  void emit_data(std::string text) {
+    if (!text.empty()) out_.push_back(Token{Tok::Data, line_, std::move(text)});
   }
 
   void lex_comment(std::size_t p) {
@@ -230,7 +227,7 @@ class Lexer {
       } else {
         continue;
       }
-      emit_data(strip_before_tag(s_.substr(body_start, p - body_start), sign, false), body_start);
+      emit_data(strip_before_tag(s_.substr(body_start, p - body_start), sign, false));
       finish_match(end);
       return;
     }

@@ -330,47 +330,60 @@ void require_printable_container(const Value& v) {
 
 }  // namespace
 
-std::string repr(const Value& v) {
+namespace {
+
+void check_limit(const std::string& out, std::size_t limit) {
+  if (out.size() > limit)
+    throw std::runtime_error("text of more than " + std::to_string(limit) + " bytes exceeds the output limit of " +
+                             std::to_string(limit) + " bytes");
+}
+
+void repr_into(std::string& out, const Value& v, std::size_t limit) {
   switch (v.type) {
-    case Type::String: return repr_string(*v.s);
+    case Type::String: out += repr_string(*v.s); break;
     case Type::List: {
       require_printable_container(v);
       bool tuple = v.seq == SeqKind::Tuple;
-      std::string out = tuple ? "(" : "[";
+      out += tuple ? "(" : "[";
       for (std::size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += repr((*v.list)[k]);
+        repr_into(out, (*v.list)[k], limit);
+        check_limit(out, limit);
       }
       if (tuple && v.list->size() == 1) out += ",";
       out += tuple ? ")" : "]";
-      return out;
+      break;
     }
-    case Type::Dict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, val] : v.dict->entries) {
-        if (!first) out += ", ";
-        first = false;
-        out += repr_string(k) + ": " + repr(val);
-      }
-      return out + "}";
-    }
+    case Type::Dict:
     case Type::Namespace: {
-      std::string out = "<Namespace {";
+      out += v.type == Type::Dict ? "{" : "<Namespace {";
       bool first = true;
       for (const auto& [k, val] : v.dict->entries) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(val);
+        out += repr_string(k);
+        out += ": ";
+        repr_into(out, val, limit);
+        check_limit(out, limit);
       }
-      return out + "}>";
+      out += v.type == Type::Dict ? "}" : "}>";
+      break;
     }
-    case Type::Undefined: return "Undefined";
-    default: return to_str(v);
+    case Type::Undefined: out += "Undefined"; break;
+    default: out += to_str(v, limit); break;
   }
+  check_limit(out, limit);
 }
 
-std::string to_str(const Value& v) {
+}  // namespace
+
+std::string repr(const Value& v, std::size_t limit) {
+  std::string out;
+  repr_into(out, v, limit);
+  return out;
+}
+
+std::string to_str(const Value& v, std::size_t limit) {
   switch (v.type) {
     case Type::Undefined: return "";
     case Type::None: return "None";
@@ -380,7 +393,7 @@ std::string to_str(const Value& v) {
     case Type::String: return *v.s;
     case Type::Function:
       throw std::runtime_error("printing a function object is not supported (CPython prints its address)");
-    default: return repr(v);
+    default: return repr(v, limit);
   }
 }
 
@@ -437,6 +450,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 }
 
 void json_value(std::string& out, const Value& v, const JsonOptions& opt, int level) {
+  check_limit(out, opt.limit);
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += opt.indent;
@@ -465,6 +479,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& opt, int le
           if (k) out += opt.item_sep;
           if (opt.has_indent) newline(level + 1);
           json_value(out, (*v.list)[k], opt, level + 1);
+          check_limit(out, opt.limit);
         }
         if (opt.has_indent) newline(level);
         out += ']';
@@ -489,6 +504,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& opt, int le
         json_string(out, e->first, opt.ensure_ascii);
         out += opt.key_sep;
         json_value(out, e->second, opt, level + 1);
+        check_limit(out, opt.limit);
       }
       if (opt.has_indent) newline(level);
       out += '}';
@@ -504,6 +520,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& opt, int le
 std::string to_json(const Value& v, const JsonOptions& opt) {
   std::string out;
   json_value(out, v, opt, 0);
+  check_limit(out, opt.limit);
   return out;
 }
 
