@@ -295,6 +295,19 @@ TEST(TemplateSandbox, LimitsNameTheLimit) {
   EXPECT_NE(e.find("namespace inside a namespace"), std::string::npos) << e;
 }
 
+TEST(TemplateContext, SelectsNamedTemplatesLikeTransformers) {
+  using ingot::tmpl::select_chat_template;
+  nlohmann::json named = nlohmann::json::parse(R"([{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}])");
+  EXPECT_EQ(select_chat_template("plain", true, "cfg"), "plain");
+  EXPECT_EQ(select_chat_template(named, false, "cfg"), "D");
+  EXPECT_EQ(select_chat_template(named, true, "cfg"), "T");
+  EXPECT_EQ(select_chat_template(nlohmann::json::parse(R"([{"name": "default", "template": "D"}])"), true, "cfg"), "D");
+  EXPECT_EQ(select_chat_template(nlohmann::json::parse(R"({"default": "D", "tool_use": "T"})"), true, "cfg"), "T");
+  EXPECT_THROW(select_chat_template(nullptr, false, "cfg"), ingot::Error);
+  EXPECT_THROW(select_chat_template(nlohmann::json::parse(R"([{"name": "rag", "template": "R"}])"), false, "cfg"), ingot::Error);
+  EXPECT_THROW(select_chat_template(42, false, "cfg"), ingot::Error);
+}
+
 TEST(TemplateContext, KeyOrderIsKept) {
   json ctx = json::parse(R"({"tool": {"type": "function", "function": {"name": "f"}}})");
   EXPECT_EQ(R("{{ tool|tojson }}", ctx), R"({"type": "function", "function": {"name": "f"}})");

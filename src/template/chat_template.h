@@ -62,4 +62,10 @@ class ChatTemplate {
   Limits limits_;
 };
 
+// The template text from tokenizer_config.json's "chat_template" field, chosen as transformers
+// does: a string is the template; a list of {"name": ..., "template": ...} entries gives
+// "tool_use" when tools are passed and that entry exists, else "default". Throws ingot::Error
+// naming `where` (e.g. the file) when the field is missing, malformed or has no usable entry.
+std::string select_chat_template(const nlohmann::json& field, bool has_tools, const std::string& where);
+
 }  // namespace ingot::tmpl
