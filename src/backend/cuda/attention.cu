@@ -36,6 +36,8 @@ struct AttnArgs {
 // DPL: head dims per lane (head_dim <= 32 * DPL); kFull: head_dim == 32 * DPL (aligned vector loads).
 template <typename T, int DPL, bool kFull>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t t = blockIdx.x;
   const int groups = a.q_heads / a.kv_heads;
@@ -152,6 +154,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttnArgs a
 
 template <typename T>
 __global__ void attention_combine_kernel(AttnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int qh = blockIdx.y, D = a.head_dim, stride = D + 2;
   const float* p = a.partial + (t * a.q_heads + qh) * a.slices * int64_t(stride);
@@ -173,9 +177,8 @@ __global__ void attention_combine_kernel(AttnArgs a) {
 
 template <typename T, int DPL>
 void launch_split(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t s) {
-  if (a.head_dim == 32 * DPL) attention_split_kernel<T, DPL, true><<<grid, kWarps * 32, smem, s>>>(a);
-  else attention_split_kernel<T, DPL, false><<<grid, kWarps * 32, smem, s>>>(a);
-  check_launch("attention_split_kernel");
+  if (a.head_dim == 32 * DPL) launch("attention_split_kernel", attention_split_kernel<T, DPL, true>, dim3(grid), dim3(kWarps * 32), smem, s, a);
+  else launch("attention_split_kernel", attention_split_kernel<T, DPL, false>, dim3(grid), dim3(kWarps * 32), smem, s, a);
 }
 
 }  // namespace
@@ -226,8 +229,7 @@ void launch_attention(const AttentionParams& p, float* ws, size_t ws_floats, cud
     else if (p.head_dim <= 128) launch_split<T, 4>(a, grid, smem, s);
     else launch_split<T, 8>(a, grid, smem, s);
     if (slices > 1) {
-      attention_combine_kernel<T><<<dim3(unsigned(ntok), unsigned(p.q_heads)), 128, 0, s>>>(a);
-      check_launch("attention_combine_kernel");
+      launch("attention_combine_kernel", attention_combine_kernel<T>, dim3(unsigned(ntok), unsigned(p.q_heads)), dim3(128), 0, s, a);
     }
   });
 }

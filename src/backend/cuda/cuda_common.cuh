@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -18,8 +20,50 @@ namespace ingot::cuda {
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
 }
-// After every launch: configuration errors surface here, asynchronous faults at the next sync.
-inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Programmatic dependent launch (sm_90+): every kernel here is launched so that it may start while
+// the kernel before it on the stream drains. It must call pdl_wait() before touching anything an
+// earlier kernel writes or reads (every block, before any early return, so completion stays
+// transitive); work that depends on nothing (prefetching weights) can go before it. pdl_trigger()
+// lets the next kernel be scheduled early. Both are no-ops on older GPUs.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches allow programmatic dependent launch; INGOT_CUDA_PDL=0 turns it off (for A/B
+// measurements and as a fallback), the kernels' waits then being no-ops.
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("INGOT_CUDA_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+// Launches `kernel` on stream s with programmatic stream serialisation allowed (see pdl_wait), and
+// checks the launch; `name` names the kernel in errors.
+template <typename... KArgs, typename... Args>
+void launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+}
 
 // f32 <-> element conversions (round to nearest even for the 16-bit types, as torch does).
 __device__ __forceinline__ float to_f(float v) { return v; }

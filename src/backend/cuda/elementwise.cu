@@ -15,6 +15,8 @@ struct SwigluArgs {
 
 template <typename T>
 __global__ void swiglu_kernel(SwigluArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t total = a.rows * a.inter;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = k / a.inter, i = k - t * a.inter;
@@ -33,6 +35,8 @@ struct GatherArgs {
 };
 
 __global__ void gather_rows_kernel(GatherArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const uint8_t* s = a.src + int64_t(a.idx[blockIdx.x]) * a.src_ld_bytes;
   uint8_t* d = a.dst + int64_t(blockIdx.x) * a.dst_ld_bytes;
   for (int64_t i = threadIdx.x; i < a.row_bytes; i += blockDim.x) d[i] = s[i];
@@ -46,6 +50,8 @@ struct BiasArgs {
 
 template <typename T>
 __global__ void add_bias_kernel(BiasArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t total = a.rows * a.cols;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = k / a.cols, n = k - t * a.cols;
@@ -73,6 +79,8 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const T* l = static_cast<const T*>(a.logits) + int64_t(blockIdx.x) * a.ld;
   float bv = -FLT_MAX;
   int bi = INT32_MAX;
@@ -114,8 +122,7 @@ void launch_swiglu(const Mat& gu, const Mat& out, cudaStream_t s) {
   SwigluArgs a{gu.data, gu.ld, out.data, out.ld, out.cols, out.rows};
   dispatch(out.dtype, "swiglu", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_kernel<T><<<grid_for(out.rows * out.cols, 256), 256, 0, s>>>(a);
-    check_launch("swiglu_kernel");
+    launch("swiglu_kernel", swiglu_kernel<T>, dim3(grid_for(out.rows * out.cols, 256)), dim3(256), 0, s, a);
   });
 }
 
@@ -124,8 +131,7 @@ void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cuda
   const int64_t es = int64_t(dtype_size(src.dtype));
   GatherArgs a{static_cast<const uint8_t*>(src.data), src.ld * es, idx, static_cast<uint8_t*>(dst.data), dst.ld * es,
                src.cols * es};
-  gather_rows_kernel<<<unsigned(dst.rows), 256, 0, s>>>(a);
-  check_launch("gather_rows_kernel");
+  launch("gather_rows_kernel", gather_rows_kernel, dim3(unsigned(dst.rows)), dim3(256), 0, s, a);
 }
 
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
@@ -133,8 +139,7 @@ void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
   BiasArgs a{y.data, y.ld, y.cols, y.rows, bias};
   dispatch(y.dtype, "add_bias", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_bias_kernel<T><<<grid_for(y.rows * y.cols, 256), 256, 0, s>>>(a);
-    check_launch("add_bias_kernel");
+    launch("add_bias_kernel", add_bias_kernel<T>, dim3(grid_for(y.rows * y.cols, 256)), dim3(256), 0, s, a);
   });
 }
 
@@ -143,8 +148,7 @@ void launch_argmax(const Mat& logits, int32_t* out, cudaStream_t s) {
   ArgmaxArgs a{logits.data, logits.ld, logits.cols, out};
   dispatch(logits.dtype, "argmax", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    argmax_kernel<T><<<unsigned(logits.rows), kArgmaxThreads, 0, s>>>(a);
-    check_launch("argmax_kernel");
+    launch("argmax_kernel", argmax_kernel<T>, dim3(unsigned(logits.rows)), dim3(kArgmaxThreads), 0, s, a);
   });
 }
 

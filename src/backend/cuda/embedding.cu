@@ -14,6 +14,8 @@ struct EmbeddingArgs {
 
 template <typename T>
 __global__ void embedding_kernel(EmbeddingArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t id = a.ids[t];
   T* o = static_cast<T*>(a.out) + t * a.out_ld;
@@ -37,8 +39,7 @@ void launch_embedding(const Mat& table, const int32_t* ids, const Mat& out, cuda
   EmbeddingArgs a{table.data, table.ld, table.rows, ids, out.data, out.ld, out.cols};
   dispatch(out.dtype, "embedding", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    embedding_kernel<T><<<unsigned(out.rows), 256, 0, s>>>(a);
-    check_launch("embedding_kernel");
+    launch("embedding_kernel", embedding_kernel<T>, dim3(unsigned(out.rows)), dim3(256), 0, s, a);
   });
 }
 

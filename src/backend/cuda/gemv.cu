@@ -1,15 +1,18 @@
 // y = x w^T (+bias) for 1..8 tokens: a weight-streaming kernel (cuBLASLt's GEMM tiles waste most of
 // their work at this size). Each warp owns kRows output rows, reads them with 16-byte loads, several
 // in flight per lane, and keeps the tokens' partial sums in registers; x is re-read from L1/L2.
+// Weights depend on no earlier kernel, so the head of each row is prefetched into L2 before waiting
+// for the previous kernel (programmatic dependent launch): the stream's ramp-up overlaps its drain.
 // Accumulation is f32 in a fixed order, so results do not depend on launch or graph replay.
 #include "backend/cuda/vec.cuh"
 
 namespace ingot::cuda {
 namespace {
 
-constexpr int kRows = 2;     // output rows per warp
+constexpr int kRows = 1;     // output rows per warp (small N still fills every SM)
 constexpr int kUnroll = 4;   // 16-byte weight loads in flight per row and lane
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
+constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait
 
 struct GemvArgs {
   const void* x;
@@ -27,11 +30,18 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
   constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte load
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kWarps + warp) * kRows;
-  if (n0 >= a.N) return;
-  const T* x = static_cast<const T*>(a.x);
   const T* wr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) wr[r] = static_cast<const T*>(a.w) + int64_t(min(n0 + r, a.N - 1)) * a.w_ld;
+  for (int r = 0; r < kRows; ++r) {
+    wr[r] = static_cast<const T*>(a.w) + int64_t(min(n0 + r, a.N - 1)) * a.w_ld;
+    const int64_t head = a.K < kPrefetchBytes / int(sizeof(T)) ? a.K : kPrefetchBytes / int(sizeof(T));
+    for (int64_t k = int64_t(lane) * 128 / int(sizeof(T)); k < head; k += 32 * 128 / int(sizeof(T)))
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + k));
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (n0 >= a.N) return;
+  const T* x = static_cast<const T*>(a.x);
 
   float acc[NT][kRows];
 #pragma unroll
@@ -100,8 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
 template <typename T, int NT>
 void launch_nt(const GemvArgs& a, cudaStream_t s) {
   const unsigned blocks = unsigned((a.N + kWarps * kRows - 1) / (kWarps * kRows));
-  gemv_kernel<T, NT><<<blocks, kWarps * 32, 0, s>>>(a);
-  check_launch("gemv_kernel");
+  launch("gemv_kernel", gemv_kernel<T, NT>, dim3(blocks), dim3(kWarps * 32), 0, s, a);
 }
 
 }  // namespace

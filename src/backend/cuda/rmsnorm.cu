@@ -21,6 +21,8 @@ constexpr int kThreads = 512;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(RmsNormArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   T* x = static_cast<T*>(a.x) + t * a.x_ld;
   const T* d = a.delta ? static_cast<const T*>(a.delta) + t * a.delta_ld : nullptr;
@@ -62,8 +64,7 @@ void launch_add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DTyp
                 out.data, out.ld, x.cols};
   dispatch(x.dtype, "add_rmsnorm", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_rmsnorm_kernel<T><<<unsigned(x.rows), kThreads, 0, s>>>(a);
-    check_launch("add_rmsnorm_kernel");
+    launch("add_rmsnorm_kernel", add_rmsnorm_kernel<T>, dim3(unsigned(x.rows)), dim3(kThreads), 0, s, a);
   });
 }
 

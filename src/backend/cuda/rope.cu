@@ -29,6 +29,8 @@ constexpr int kWarps = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs a) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int h = blockIdx.y * kWarps + warp;
@@ -96,8 +98,7 @@ void launch_rope_cache_write(const RopeWriteParams& p, cudaStream_t s) {
   const size_t smem = sizeof(float) * size_t(kWarps) * size_t(p.head_dim);
   dispatch(p.qkv.dtype, "rope_cache_write", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rope_cache_write_kernel<T><<<grid, kWarps * 32, smem, s>>>(a);
-    check_launch("rope_cache_write_kernel");
+    launch("rope_cache_write_kernel", rope_cache_write_kernel<T>, dim3(grid), dim3(kWarps * 32), smem, s, a);
   });
 }
 
