@@ -9,6 +9,7 @@ std::string render_chat(const tok::Tokenizer& tokenizer, const nlohmann::ordered
   if (tokenizer.chat_template().empty())
     throw Error("the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja)");
   if (!messages.is_array()) throw Error("chat messages must be a JSON list of {role, content} objects");
+  if (messages.empty()) throw Error("chat messages are empty: a conversation needs at least one message");
   tmpl::ChatTemplate t(tokenizer.chat_template());
   nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
   // Only the special tokens the tokenizer sets, as transformers passes them.
