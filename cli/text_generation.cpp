@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "io/engine_tokenizer.h"
 
 namespace ingot::cli {
 
@@ -22,9 +23,12 @@ void TextArgs::add_to(CLI::App& app) {
 }
 
 tok::Tokenizer load_tokenizer(const ModelArgs& a) {
-  if (a.model_dir.empty())
-    throw Error("text prompts need the tokenizer files: pass --model DIR (engine files carry the tokenizer for the "
-                "C++ API; the command line reads it from the checkpoint folder)");
+  if (!a.engine_path.empty()) {
+    std::optional<tok::Tokenizer> t = tokenizer_from_engine(inspect_engine(a.engine_path));
+    if (!t) throw Error(a.engine_path + ": the engine carries no tokenizer (its checkpoint had no tokenizer.json)");
+    return std::move(*t);
+  }
+  if (a.model_dir.empty()) throw Error("text prompts need a tokenizer: pass --model DIR or --engine FILE");
   return tok::Tokenizer::from_folder(a.model_dir);
 }
 

@@ -293,6 +293,27 @@ TEST(EngineCli, InspectPrintsTheMetadata) {
   EXPECT_NE(text.find("eos ids"), std::string::npos) << text;
 }
 
+TEST(EngineCli, TextPromptsUseTheEmbeddedTokenizer) {
+  test::TempDir d;
+  const std::filesystem::path folder = d.file("model");
+  std::filesystem::create_directories(folder);
+  for (const auto& e : std::filesystem::directory_iterator(test::fixture("qwen3")))
+    if (e.path().filename() != "reference.safetensors") std::filesystem::copy(e.path(), folder / e.path().filename());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy(std::string(INGOT_SOURCE_DIR) + "/tests/data/api/" + f, folder / f);
+  const std::string eng = d.file("m.ingot");
+  auto [rc, out] = sh(q(INGOT_BINARY) + " build --quiet --model " + q(folder.string()) + " -o " + q(eng));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(inspect_engine(eng).tokenizer_json.has_value());
+  const std::string args = " --prompt Hello --max-new-tokens 6 --ignore-eos --no-stats";
+  auto [rc1, from_engine] = sh(q(INGOT_BINARY) + " generate --engine " + q(eng) + args);
+  auto [rc2, from_folder] = sh(q(INGOT_BINARY) + " generate --model " + q(folder.string()) + args);
+  EXPECT_EQ(rc1, 0) << from_engine;
+  EXPECT_EQ(rc2, 0) << from_folder;
+  EXPECT_FALSE(from_engine.empty());
+  EXPECT_EQ(from_engine, from_folder);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Refusals
 

@@ -3,18 +3,15 @@
 // the engine file embeds) and a Session that streams text and keeps the conversation's prefix cached.
 #include "ingot/ingot.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "io/engine_file.h"
+#include "io/engine_tokenizer.h"
 #include "runtime/chat.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
@@ -42,33 +39,6 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
 #endif
   if (resolved == "cpu") return make_cpu_backend(threads);
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
-}
-
-// The tokenizer loader reads a folder (tokenizer.json plus the config, template and generation
-// config that set bos/eos and the chat template), so the texts an engine file embeds are laid out
-// in a private temporary folder for it, which is removed again at once.
-std::optional<tok::Tokenizer> tokenizer_from_engine(const EngineFileInfo& f) {
-  if (!f.tokenizer_json) return std::nullopt;
-  std::string tmpl = (fs::temp_directory_path() / "ingot-tokenizer-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error(f.path + ": cannot create a temporary folder for the tokenizer");
-  const fs::path dir(tmpl);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } cleanup{dir};
-  auto put = [&](const char* name, const std::string& text) {
-    std::ofstream out(dir / name, std::ios::binary);
-    out.write(text.data(), std::streamsize(text.size()));
-    if (!out) throw Error(f.path + ": cannot write the embedded " + std::string(name) + " to " + dir.string());
-  };
-  put("tokenizer.json", *f.tokenizer_json);
-  if (f.tokenizer_config_json) put("tokenizer_config.json", *f.tokenizer_config_json);
-  if (f.chat_template) put("chat_template.jinja", *f.chat_template);
-  if (!f.generation_defaults.empty()) put("generation_config.json", f.generation_defaults.dump());
-  return tok::Tokenizer::from_folder(dir.string());
 }
 
 nlohmann::ordered_json to_json(const std::vector<Message>& messages) {
