@@ -15,16 +15,17 @@ void add_chat(CLI::App& app) {
   struct Args {
     ModelArgs model;
     TextArgs text;
-    int64_t capacity = 4096;
+    int64_t capacity = 0;
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
   a->text.add_to(*cmd);
-  cmd->add_option("--capacity", a->capacity, "cache slots for the whole conversation");
+  cmd->add_option("--capacity", a->capacity, "cache slots for the whole conversation (default: 4096, or the engine's)");
   cmd->callback([a] {
     tok::Tokenizer tk = load_tokenizer(a->model);
     RuntimeOptions rt;
-    rt.capacity = a->capacity;
+    // An engine file brings its capacity: 0 takes it, a number must fit within it.
+    rt.capacity = a->capacity ? a->capacity : (a->model.engine_path.empty() ? 4096 : 0);
     Loaded l = load_model(a->model, rt);
     Session session(*l.model, tk);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();

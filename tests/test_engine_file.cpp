@@ -312,6 +312,13 @@ TEST(EngineCli, TextPromptsUseTheEmbeddedTokenizer) {
   EXPECT_EQ(rc2, 0) << from_folder;
   EXPECT_FALSE(from_engine.empty());
   EXPECT_EQ(from_engine, from_folder);
+  // chat takes the engine's capacity unless asked for a number, which must fit within it.
+  auto [rc3, chat] = sh("printf 'Hello\\n' | " + q(INGOT_BINARY) + " chat --engine " + q(eng) + " --max-new-tokens 3");
+  EXPECT_EQ(rc3, 0) << chat;
+  EXPECT_NE(chat.find("generated 3"), std::string::npos) << chat;
+  auto [rc4, big] = sh("printf 'Hello\\n' | " + q(INGOT_BINARY) + " chat --engine " + q(eng) + " --capacity 100");
+  EXPECT_NE(rc4, 0);
+  EXPECT_NE(big.find("needs capacity 100 cache slots"), std::string::npos) << big;
 }
 
 // ---------------------------------------------------------------------------------------------
