@@ -48,6 +48,7 @@ void add_bench(CLI::App& app) {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     EngineSource src;
+    const auto t_load = Clock::now();
     if (!a->config.empty()) {
       std::ifstream in(a->config);
       if (!in) throw Error(a->config + ": cannot open");
@@ -64,6 +65,7 @@ void add_bench(CLI::App& app) {
       src = open_engine(a->model);
     }
     const Engine* engine = src.engine.get();
+    const double load_s = secs(t_load, Clock::now());  // engine file: map + verify; otherwise the build
     const std::string dev = resolve_device(a->model.device);
     check_device(src, dev);
     auto backend = make_backend(dev, engine->weight_dtype, a->model.threads);
@@ -78,7 +80,10 @@ void add_bench(CLI::App& app) {
       rt.capacity = slots_needed(a->prompt_len, a->new_tokens);
       rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
       rt = fit_engine_bounds(src, rt, false);
+      const auto t_model = Clock::now();
       Model m(*engine, *backend, rt);
+      backend->synchronize();
+      const double model_init_s = secs(t_model, Clock::now());  // weights onto the device, cache allocated
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
       for (auto& p : prompts)
         for (int i = 0; i < a->prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
@@ -133,7 +138,9 @@ void add_bench(CLI::App& app) {
                           {"weight_bytes", m.weight_bytes()},
                           {"cache_bytes", m.cache_bytes()},
                           {"workspace_bytes", m.workspace_bytes()},
-                          {"peak_memory_bytes", backend->peak_memory_bytes()}};
+                          {"peak_memory_bytes", backend->peak_memory_bytes()},
+                          {"load_s", load_s},
+                          {"model_init_s", model_init_s}};
       // Bytes a decode step must read at least: every weight but the embedding table (one row of it is
       // gathered; when tied it is read in full as the LM head) plus each row's valid KV cache, taken
       // at the mean length over the run. Against the copy bandwidth this gives the floor's share.
@@ -156,6 +163,7 @@ void add_bench(CLI::App& app) {
                     B, r["ttft_ms"].get<double>(), r["prefill_tok_s"].get<double>(),
                     r["decode_tok_s_per_seq"].get<double>(), r["decode_tok_s"].get<double>(), m.weight_bytes() / 1e6,
                     m.cache_bytes() / 1e6, m.workspace_bytes() / 1e6);
+      if (!a->json) std::printf("           load %.3f s, then the model ready in %.3f s\n", load_s, model_init_s);
     }
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
   });

@@ -1,6 +1,9 @@
 // `ingot build`: turns a checkpoint folder into one engine file (docs/engine-format.md) holding the
-// runtime-layout weights, the bounds the engine will run under, the tokenizer and the provenance.
+// runtime-layout weights, the bounds the engine will run under, the tokenizer and the provenance; or,
+// from a config.json alone, an engine of real shapes with random weights for load and speed tests.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "core/error.h"
@@ -11,13 +14,18 @@ namespace ingot::cli {
 void add_build(CLI::App& app) {
   auto* cmd = app.add_subcommand("build", "Build an engine file from a checkpoint folder");
   struct Args {
-    std::string model_dir, output, dtype, layout = "heads_first";
+    std::string model_dir, config, output, dtype, layout = "heads_first";
+    uint64_t seed = 0;
     int max_batch = 1;
     int64_t capacity = 0;
     bool quiet = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)")->required();
+  auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
+  cmd->add_option("--config", a->config, "config.json: an engine of its shapes with seeded random weights (for "
+                                         "load and speed measurements without a checkpoint)")
+      ->excludes(m);
+  cmd->add_option("--seed", a->seed, "random weights' seed (with --config)");
   cmd->add_option("-o,--output", a->output, "engine file to write")->required();
   cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)");
   cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(CLI::PositiveNumber);
@@ -33,12 +41,27 @@ void add_build(CLI::App& app) {
     info.bounds.layout = parse_layout(a->layout);
     BuildOptions bo;
     if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);
-    {
-      // Hashing first also pages the checkpoint in for the conversion that follows.
-      ProgressBar bar("hashing", a->quiet);
-      info.source = describe_checkpoint(a->model_dir, bar.fn());
+    if (a->model_dir.empty() == a->config.empty()) throw Error("build: give exactly one of --model DIR or --config FILE");
+    Engine engine;
+    if (!a->config.empty()) {
+      std::ifstream in(a->config);
+      if (!in) throw Error(a->config + ": cannot open");
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(a->config + ": not valid JSON: " + e.what());
+      }
+      engine = random_engine(parse_model_config(j, a->config), bo.dtype.value_or(DType::BF16), a->seed);
+      info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
+    } else {
+      {
+        // Hashing first also pages the checkpoint in for the conversion that follows.
+        ProgressBar bar("hashing", a->quiet);
+        info.source = describe_checkpoint(a->model_dir, bar.fn());
+      }
+      engine = build_engine(a->model_dir, bo);
     }
-    const Engine engine = build_engine(a->model_dir, bo);
     {
       ProgressBar bar("writing", a->quiet);
       save_engine(engine, info, a->output, bar.fn());
