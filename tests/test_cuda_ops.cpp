@@ -206,6 +206,18 @@ TEST_P(CudaOps, SwigluGatherArgmax) {
   EXPECT_EQ(got[0], 3);
   EXPECT_EQ(got[1], 1000);
   EXPECT_EQ(got[2], 0);
+
+  // A vocabulary of many chunks: ties across chunks, the maximum in the last partial chunk.
+  const int64_t BV = 151937;
+  auto big = rnd(size_t(2 * BV));
+  big[size_t(90000)] = big[size_t(5000)] = 12.0f;
+  big[size_t(BV + BV - 1)] = 12.0f;
+  int32_t* gb = g.put_i32(std::vector<int32_t>(2));
+  int32_t* cb = c.put_i32(std::vector<int32_t>(2));
+  gpu_be_->argmax(g.m(g.put(big), 2, BV), gb);
+  cpu_be_->argmax(c.m(c.put(big), 2, BV), cb);
+  EXPECT_EQ(g.get_i32(gb, 2), c.get_i32(cb, 2));
+  EXPECT_EQ(g.get_i32(gb, 2), (std::vector<int32_t>{5000, int32_t(BV - 1)}));
 }
 
 // A cache of `B` rows with every slot random, in either layout.

@@ -85,6 +85,9 @@ struct LtPlan {
 
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
+constexpr size_t kAttnCounters = size_t(1) << 20;
+constexpr size_t kArgmaxScratchFloats = size_t(1) << 20;
+constexpr size_t kArgmaxCounters = size_t(1) << 16;
 constexpr size_t kStaging = size_t(4) << 20;
 constexpr size_t kStagedMax = size_t(256) << 10;
 
@@ -102,7 +105,8 @@ class CudaBackend final : public Backend {
     stream_ = std::make_unique<Stream>();
     check_lt(cublasLtCreate(&lt_), "cublasLtCreate");
     lt_ws_ = alloc(kLtWorkspace);
-    attn_ws_ = static_cast<float*>(alloc(kAttnScratchFloats * sizeof(float)));
+    attn_ = make_scratch(kAttnScratchFloats, kAttnCounters);
+    argmax_ = make_scratch(kArgmaxScratchFloats, kArgmaxCounters);
     check(cudaMallocHost(&staging_, kStaging), "cudaMallocHost");
   }
   ~CudaBackend() override {
@@ -110,7 +114,10 @@ class CudaBackend final : public Backend {
     plans_.clear();
     if (lt_) cublasLtDestroy(lt_);
     free(lt_ws_);
-    free(attn_ws_);
+    for (const Scratch* sc : {&attn_, &argmax_}) {
+      free(sc->floats);
+      free(sc->counters);
+    }
     if (staging_) cudaFreeHost(staging_);
   }
 
@@ -252,13 +259,13 @@ class CudaBackend final : public Backend {
   }
   void rope_cache_write(const RopeWriteParams& p) override { launch_rope_cache_write(p, stream_->get()); }
   void attention(const AttentionParams& p) override {
-    launch_attention(p, attn_ws_, kAttnScratchFloats, stream_->get());
+    launch_attention(p, attn_, stream_->get());
   }
   void swiglu(const Mat& gu, const Mat& out) override { launch_swiglu(gu, out, stream_->get()); }
   void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
     launch_gather_rows(src, idx, dst, stream_->get());
   }
-  void argmax(const Mat& logits, int32_t* out) override { launch_argmax(logits, out, stream_->get()); }
+  void argmax(const Mat& logits, int32_t* out) override { launch_argmax(logits, out, argmax_, stream_->get()); }
   void to_f32(const Mat& src, float* dst) override {
     const size_t es = dtype_size(src.dtype);
     std::vector<uint8_t> raw(size_t(src.cols) * es);
@@ -281,6 +288,18 @@ class CudaBackend final : public Backend {
     check_lt(cublasLtMatmul(lt_, p.op, &alpha, w.data, p.a, x.data, p.b, &beta, y.data, p.c, y.data, p.c, &p.algo,
                             lt_ws_, kLtWorkspace, stream_->get()),
              "cublasLtMatmul");
+  }
+
+  // Counters start at zero; the kernels leave them at zero after every use.
+  Scratch make_scratch(size_t floats, size_t counters) {
+    Scratch sc;
+    sc.floats = static_cast<float*>(alloc(floats * sizeof(float)));
+    sc.n_floats = floats;
+    sc.counters = static_cast<int*>(alloc(counters * sizeof(int)));
+    sc.n_counters = counters;
+    fill_zero(sc.counters, counters * sizeof(int));
+    synchronize();
+    return sc;
   }
 
   std::unique_ptr<LtPlan> make_plan(const Mat& x, const Mat& w, const Mat& y) {
@@ -321,7 +340,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Stream> stream_;
   cublasLtHandle_t lt_ = nullptr;
   void* lt_ws_ = nullptr;
-  float* attn_ws_ = nullptr;
+  Scratch attn_, argmax_;
   void* staging_ = nullptr;
   size_t staging_off_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::unique_ptr<LtPlan>> plans_;

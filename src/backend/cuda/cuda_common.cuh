@@ -99,11 +99,19 @@ void launch_embedding(const Mat& table, const int32_t* ids, const Mat& out, cuda
 void launch_add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType wt, float eps, const Mat& out,
                         cudaStream_t s);
 void launch_rope_cache_write(const RopeWriteParams& p, cudaStream_t s);
-// Scratch for split-KV partial results; `ws_floats` bounds how many splits the decode kernel may use.
-void launch_attention(const AttentionParams& p, float* ws, size_t ws_floats, cudaStream_t s);
+// Device scratch the backend owns for cross-block reductions: partial results, and counters that are
+// zero between uses (the last block of a group to finish resets its counter after merging).
+struct Scratch {
+  float* floats = nullptr;
+  size_t n_floats = 0;
+  int* counters = nullptr;
+  size_t n_counters = 0;
+};
+// `ws.n_floats` bounds how many key slices the split-KV kernels may use.
+void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
-void launch_argmax(const Mat& logits, int32_t* out, cudaStream_t s);
+void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
 // suit it (the caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);

@@ -1,4 +1,5 @@
 // Small element-wise and row ops: SwiGLU, row gather, bias add and greedy argmax.
+#include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -64,12 +65,16 @@ struct ArgmaxArgs {
   const void* logits;
   int64_t ld, cols;
   int32_t* out;
+  int chunk, chunks;
+  float* part_v;  // [rows, chunks]
+  int* part_i;    // [rows, chunks]
+  int* counters;  // [rows]
 };
 
-constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxThreads = 256;
 
 // Keeps the larger value, and on equal values the lower index, so the result matches a sequential
-// first-maximum scan whatever the reduction order.
+// first-maximum scan whatever the reduction order. NaNs never win.
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
     v = ov;
@@ -77,14 +82,7 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
-  pdl_wait();
-  pdl_trigger();
-  const T* l = static_cast<const T*>(a.logits) + int64_t(blockIdx.x) * a.ld;
-  float bv = -FLT_MAX;
-  int bi = INT32_MAX;
-  for (int64_t j = threadIdx.x; j < a.cols; j += kArgmaxThreads) better(bv, bi, to_f(l[j]), int(j));
+__device__ __forceinline__ void block_best(float& bv, int& bi) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -92,22 +90,55 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
   }
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int si[kArgmaxThreads / 32];
+  __syncthreads();  // the shared arrays may be reused by a second call
   if ((threadIdx.x & 31) == 0) {
     sv[threadIdx.x / 32] = bv;
     si[threadIdx.x / 32] = bi;
   }
   __syncthreads();
   if (threadIdx.x < 32) {
-    bv = sv[threadIdx.x];
-    bi = si[threadIdx.x];
+    bv = threadIdx.x < kArgmaxThreads / 32 ? sv[threadIdx.x] : -FLT_MAX;
+    bi = threadIdx.x < kArgmaxThreads / 32 ? si[threadIdx.x] : INT32_MAX;
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       better(bv, bi, ov, oi);
     }
-    // A row of NaNs or -inf only: index 0, as a first-maximum scan that never advances.
-    if (threadIdx.x == 0) a.out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;
   }
+}
+
+// Grid (rows, chunks): each block finds its chunk's best, the last block of a row to finish picks the
+// best chunk (chunks in order, so ties still go to the lowest index).
+template <typename T>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int row = blockIdx.x, c = blockIdx.y;
+  const T* l = static_cast<const T*>(a.logits) + int64_t(row) * a.ld;
+  const int64_t j0 = int64_t(c) * a.chunk, j1 = min(a.cols, j0 + a.chunk);
+  float bv = -FLT_MAX;
+  int bi = INT32_MAX;
+#pragma unroll 8
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kArgmaxThreads) better(bv, bi, to_f(l[j]), int(j));
+  block_best(bv, bi);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    a.part_v[row * a.chunks + c] = bv;
+    a.part_i[row * a.chunks + c] = bi;
+    __threadfence();
+    last = atomicAdd(a.counters + row, 1) == a.chunks - 1;
+    if (last) a.counters[row] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  bv = -FLT_MAX;
+  bi = INT32_MAX;
+  for (int k = threadIdx.x; k < a.chunks; k += kArgmaxThreads)
+    better(bv, bi, __ldcg(a.part_v + row * a.chunks + k), __ldcg(a.part_i + row * a.chunks + k));
+  block_best(bv, bi);
+  // A row of NaNs or -inf only: index 0, as a first-maximum scan that never advances.
+  if (threadIdx.x == 0) a.out[row] = bi == INT32_MAX ? 0 : bi;
 }
 
 unsigned grid_for(int64_t total, int threads) {
@@ -143,12 +174,21 @@ void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
   });
 }
 
-void launch_argmax(const Mat& logits, int32_t* out, cudaStream_t s) {
+void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s) {
   if (logits.rows == 0) return;
-  ArgmaxArgs a{logits.data, logits.ld, logits.cols, out};
+  if (size_t(logits.rows) > ws.n_counters)
+    throw Error("cuda backend: argmax over " + std::to_string(logits.rows) + " rows exceeds its scratch of " +
+                std::to_string(ws.n_counters) + " rows");
+  // Chunks of at least 2048 logits, as many as the scratch holds (half floats, half indices).
+  const int64_t cap = int64_t(ws.n_floats / 2) / logits.rows;
+  int64_t chunk = std::max<int64_t>(2048, (logits.cols + cap - 1) / std::max<int64_t>(cap, 1));
+  const int64_t chunks = (logits.cols + chunk - 1) / chunk;
+  ArgmaxArgs a{logits.data, logits.ld, logits.cols, out, int(chunk), int(chunks), ws.floats,
+               reinterpret_cast<int*>(ws.floats + ws.n_floats / 2), ws.counters};
   dispatch(logits.dtype, "argmax", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    launch("argmax_kernel", argmax_kernel<T>, dim3(unsigned(logits.rows)), dim3(kArgmaxThreads), 0, s, a);
+    launch("argmax_kernel", argmax_kernel<T>, dim3(unsigned(logits.rows), unsigned(chunks)), dim3(kArgmaxThreads), 0,
+           s, a);
   });
 }
 

@@ -21,4 +21,18 @@ __device__ __forceinline__ void load_f(const T* p, float (&out)[N]) {
   }
 }
 
+// N consecutive elements (N * sizeof(T) a multiple of 16, 16-byte aligned) in 16-byte loads.
+template <typename T, int N>
+__device__ __forceinline__ void load_row(const T* p, float (&out)[N]) {
+  constexpr int V = 16 / int(sizeof(T));
+  static_assert(N % V == 0, "load_row needs whole 16-byte vectors");
+#pragma unroll
+  for (int c = 0; c < N / V; ++c) {
+    float tmp[V];
+    load_f<T, V, true>(p + c * V, tmp);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[c * V + i] = tmp[i];
+  }
+}
+
 }  // namespace ingot::cuda
