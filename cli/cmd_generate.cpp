@@ -31,29 +31,29 @@ void add_generate(CLI::App& app) {
   cmd->callback([a] {
     if (a->prompt_ids.empty() == a->prompt.empty()) throw Error("generate: give exactly one of --prompt-ids or --prompt");
     if (!a->prompt.empty()) {
-      tok::Tokenizer tk = load_tokenizer(a->model);
-      std::vector<int32_t> ids;
-      if (a->chat) {
-        nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-        if (!a->text.system.empty()) messages.push_back({{"role", "system"}, {"content", a->text.system}});
-        messages.push_back({{"role", "user"}, {"content", a->prompt}});
+      std::vector<api::Message> messages;
+      if (!a->text.system.empty()) messages.push_back({"system", a->text.system});
+      messages.push_back({"user", a->prompt});
+      const api::ChatConfig cc = chat_config(a->text);
+      int64_t capacity = a->capacity;
+      if (!capacity && a->model.engine_path.empty()) {
+        // A checkpoint's cache is sized to this request, as for --prompt-ids; that takes the prompt's
+        // length, so the tokenizer is read once here before the model loads it again.
+        tok::Tokenizer tk = load_tokenizer(a->model);
+        nlohmann::ordered_json mj = nlohmann::ordered_json::array();
+        for (const api::Message& m : messages) mj.push_back({{"role", m.role}, {"content", m.content}});
         ChatOptions co;
-        if (!a->text.thinking.empty()) co.enable_thinking = a->text.thinking == "true";
-        ids = chat_ids(tk, messages, co);
-      } else {
-        ids = tk.encode(a->prompt, true);
+        if (cc.enable_thinking >= 0) co.enable_thinking = cc.enable_thinking == 1;
+        const size_t n = a->chat ? chat_ids(tk, mj, co).size() : tk.encode(a->prompt, true).size();
+        capacity = slots_needed(int64_t(n), a->text.max_new);
       }
-      RuntimeOptions rt;
-      rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(ids.size()), a->text.max_new);
-      Loaded l = load_model(a->model, rt);
-      Session session(*l.model, tk);
-      TextRequest req;
-      req.prompt_ids = ids;
-      req.max_new_tokens = a->text.max_new;
-      req.sampling = a->text.sampling;
-      if (!a->ignore_eos) req.eos_ids = tk.eos_ids();
-      req.stop_strings = a->text.stop;
-      stream_generation(session, req, a->text.stats);
+      api::Model model = load_text_model(a->model, capacity);
+      const api::GenerateConfig gc = generate_config(a->text, a->ignore_eos);
+      stream_generation(
+          [&](const api::OnToken& on_token) {
+            return a->chat ? model.chat(messages, gc, on_token, cc) : model.generate(a->prompt, gc, on_token);
+          },
+          a->text.stats);
       return;
     }
     const int max_new = a->text.max_new;

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/engine_tokenizer.h"
+#include "progress.h"
 
 namespace ingot::cli {
 
@@ -32,16 +33,45 @@ tok::Tokenizer load_tokenizer(const ModelArgs& a) {
   return tok::Tokenizer::from_folder(a.model_dir);
 }
 
-TextResult stream_generation(Session& s, const TextRequest& req, bool print_stats) {
-  TextResult r = s.generate(req, [](std::string_view piece) {
+api::Model load_text_model(const ModelArgs& a, int64_t capacity) {
+  if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  api::LoadConfig c;
+  c.device = a.device;
+  c.threads = a.threads;
+  c.verify = !a.no_verify;
+  c.dtype = a.dtype;
+  c.capacity = capacity;
+  ProgressBar bar("verifying", a.quiet);
+  c.progress = bar.fn();
+  return api::Model::load(a.source_name(), c);
+}
+
+api::GenerateConfig generate_config(const TextArgs& t, bool ignore_eos) {
+  api::GenerateConfig g;
+  g.max_new_tokens = t.max_new;
+  g.sampling = api::Sampling{t.sampling.temperature, t.sampling.top_k, t.sampling.top_p, t.sampling.min_p,
+                             t.sampling.repetition_penalty, t.sampling.seed};
+  g.stop = t.stop;
+  g.ignore_eos = ignore_eos;
+  return g;
+}
+
+api::ChatConfig chat_config(const TextArgs& t) {
+  api::ChatConfig c;
+  if (!t.thinking.empty()) c.enable_thinking = t.thinking == "true" ? 1 : 0;
+  return c;
+}
+
+api::Result stream_generation(const std::function<api::Result(const api::OnToken&)>& run, bool print_stats) {
+  api::Result r = run([](int32_t, std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   std::printf("\n");
   if (print_stats)
     std::fprintf(stderr, "[prompt %lld tokens (%lld computed), generated %zu, ttft %.1f ms, %.2f tok/s, stop: %s]\n",
-                 (long long)r.prompt_tokens, (long long)r.prefilled_tokens, r.ids.size(), r.ttft_s * 1e3,
-                 r.decode_tok_s(), r.stop_reason.c_str());
+                 (long long)r.prompt_tokens, (long long)r.computed_prompt_tokens, r.token_ids.size(), r.ttft_s * 1e3,
+                 r.decode_tokens_per_s(), r.stop_reason.c_str());
   return r;
 }
 

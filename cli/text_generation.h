@@ -2,12 +2,13 @@
 // of the model, streaming output and the closing statistics line.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common.h"
+#include "ingot/ingot.h"
 #include "runtime/sampler.h"
-#include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ingot::cli {
@@ -23,7 +24,13 @@ struct TextArgs {
 };
 
 tok::Tokenizer load_tokenizer(const ModelArgs& a);
-// Streams one generation to stdout and prints the closing line to stderr.
-TextResult stream_generation(Session& s, const TextRequest& req, bool print_stats);
+// The model for text commands, through the public API (include/ingot/ingot.h): --engine as built
+// (capacity 0 = the engine's), or --model with `capacity` cache slots.
+api::Model load_text_model(const ModelArgs& a, int64_t capacity);
+api::GenerateConfig generate_config(const TextArgs& t, bool ignore_eos);
+api::ChatConfig chat_config(const TextArgs& t);
+// Runs one generation (given the streaming callback), writing its text to stdout as it comes and the
+// closing statistics line to stderr.
+api::Result stream_generation(const std::function<api::Result(const api::OnToken&)>& run, bool print_stats);
 
 }  // namespace ingot::cli

@@ -17,9 +17,12 @@ struct LoadConfig {
   std::string device = "auto";  // auto (the GPU when usable), cpu or cuda
   int threads = 0;              // CPU threads; 0 = all cores
   bool verify = true;           // engine files: check every weight's checksum while loading
-  // Checkpoint folders only (an engine file brings its own and refuses to change them):
-  std::string dtype;       // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16
-  int64_t capacity = 0;    // cache slots, i.e. prompt + generated tokens; 0 = max_position_embeddings
+  std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
+  // Cache slots, i.e. prompt + generated tokens. Checkpoint folders: 0 = max_position_embeddings.
+  // Engine files keep the capacity they were built for; a non-zero value above it is refused.
+  int64_t capacity = 0;
+  // Engine files: called with bytes verified so far and in all (from one thread at a time).
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct Sampling {

@@ -123,13 +123,15 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   } else {
     LoadOptions lo;
     lo.verify = c.verify;
+    lo.progress = c.progress;
     LoadedEngine le = load_engine(path, lo);
     if (!c.dtype.empty() && parse_dtype(c.dtype) != le.engine.weight_dtype)
       throw Error(path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
                   " weights; rebuild it to change the dtype");
-    if (c.capacity && c.capacity != le.info.capacity)
-      throw Error(path + ": the engine was built for capacity " + std::to_string(le.info.capacity) +
-                  "; rebuild it to change the capacity");
+    if (c.capacity > le.info.capacity)
+      throw Error(path + ": this run needs capacity " + std::to_string(c.capacity) +
+                  " cache slots but the engine was built for at most " + std::to_string(le.info.capacity) +
+                  " (rebuild with `ingot build --capacity N`)");
     rt = le.info.runtime_options();
     im->tokenizer = tokenizer_from_engine(le.info);
     im->engine = std::make_unique<Engine>(std::move(le.engine));
