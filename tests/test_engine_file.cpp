@@ -293,6 +293,25 @@ TEST(EngineCli, InspectPrintsTheMetadata) {
   EXPECT_NE(text.find("eos ids"), std::string::npos) << text;
 }
 
+TEST(EngineCli, BuildFromAConfigGivesRandomWeightsOfItsShapes) {
+  test::TempDir d;
+  const std::string eng = d.file("r.ingot"), cfg = test::fixture("qwen3") + "/config.json";
+  auto [rc, out] = sh(q(INGOT_BINARY) + " build --quiet --config " + q(cfg) + " --dtype bf16 --seed 7 --capacity 32 -o " + q(eng));
+  ASSERT_EQ(rc, 0) << out;
+  const EngineFileInfo f = inspect_engine(eng);
+  EXPECT_EQ(f.weight_dtype, DType::BF16);
+  std::ifstream cin(cfg);
+  EXPECT_EQ(spec_to_json(f.spec), spec_to_json(parse_model_config(json::parse(cin), cfg)));
+  EXPECT_NE(f.metadata["source"]["checkpoint"].get<std::string>().find("random weights (seed 7)"), std::string::npos);
+  auto [rc2, bench] = sh(q(INGOT_BINARY) + " bench --engine " + q(eng) + " --device cpu --prompt-len 4 --new-tokens 3 --json");
+  ASSERT_EQ(rc2, 0) << bench;
+  const json b = json::parse(bench);
+  EXPECT_TRUE(b[0].contains("load_s"));
+  EXPECT_TRUE(b[0].contains("model_init_s"));
+  auto [rc3, both] = sh(q(INGOT_BINARY) + " build --config " + q(cfg) + " --model " + q(test::fixture("qwen3")) + " -o " + q(eng));
+  EXPECT_NE(rc3, 0);
+}
+
 TEST(EngineCli, TextPromptsUseTheEmbeddedTokenizer) {
   test::TempDir d;
   const std::filesystem::path folder = d.file("model");
