@@ -60,6 +60,8 @@ void add_build(CLI::App& app) {
         ProgressBar bar("hashing", a->quiet);
         info.source = describe_checkpoint(a->model_dir, bar.fn());
       }
+      ProgressBar bar("converting", a->quiet);
+      bo.progress = bar.fn();
       engine = build_engine(a->model_dir, bo);
     }
     {

@@ -88,11 +88,18 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   eng.spec = spec;
   eng.weight_dtype = o.dtype ? *o.dtype : default_dtype(spec, ck, table.decls().front().hf_name);
   const DType dt = eng.weight_dtype;
+  uint64_t total = 0, done = 0;
+  for (auto& [n, v] : src) total += v.nbytes();
+  auto advance = [&](const std::vector<TensorView>& parts) {
+    for (const TensorView& p : parts) done += p.nbytes();
+    if (o.progress) o.progress(done, total);
+  };
   auto copy = [&](const std::string& name) {
     const TensorView& v = src.at(name);
     HostTensor t(dt, v.shape);
     convert_into(v, dt, t, 0);
     eng.weights.emplace(name, std::move(t));
+    advance({v});
   };
   copy("tok_embeddings");
   copy("final_norm");
@@ -105,10 +112,13 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
       copy(p + "q_norm");
       copy(p + "k_norm");
     }
-    eng.weights.emplace(p + "wqkv", fuse_rows({src.at(p + "wq"), src.at(p + "wk"), src.at(p + "wv")}, dt));
-    if (spec.qkv_bias)
-      eng.weights.emplace(p + "bqkv", fuse_rows({src.at(p + "bq"), src.at(p + "bk"), src.at(p + "bv")}, dt));
-    eng.weights.emplace(p + "w_gate_up", fuse_rows({src.at(p + "w_gate"), src.at(p + "w_up")}, dt));
+    auto fuse = [&](const std::string& name, const std::vector<TensorView>& parts) {
+      eng.weights.emplace(p + name, fuse_rows(parts, dt));
+      advance(parts);
+    };
+    fuse("wqkv", {src.at(p + "wq"), src.at(p + "wk"), src.at(p + "wv")});
+    if (spec.qkv_bias) fuse("bqkv", {src.at(p + "bq"), src.at(p + "bk"), src.at(p + "bv")});
+    fuse("w_gate_up", {src.at(p + "w_gate"), src.at(p + "w_up")});
   }
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(dt))}};
   return eng;

@@ -1,5 +1,6 @@
 // Engine: a model's spec plus its weights in the runtime layout (fused QKV and gate/up, one dtype),
 // the output of the build step that every runner executes and that engine files store.
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,6 +16,8 @@ namespace ingot {
 
 struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
+  // Called with checkpoint bytes converted so far and in all (for a progress bar).
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct Engine {
