@@ -46,7 +46,7 @@ demo: build
 	cp $(TOKENIZERS)/llama2/tokenizer.json $(TOKENIZERS)/llama2/tokenizer_config.json $(DEMO_DIR)/
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Once upon a time," --max-new-tokens 60
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Tom had a" --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 60
-	$(BUILD)/ingot check --model $(DEMO_DIR) --reference $(DEMO_DIR)/reference.safetensors
+	$(BUILD)/ingot check --model $(DEMO_DIR) --reference $(DEMO_DIR)/reference.safetensors --dtype fp32
 
 # Decode speed of Qwen3-0.6B shapes with random bf16 weights on this CPU.
 bench-cpu: build
