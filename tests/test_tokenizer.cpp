@@ -611,6 +611,105 @@ TEST_F(TokenizerFiles, MergeAcrossSpaceMarkerIsKept) {
   EXPECT_EQ(tok2.encode("a b", false), (std::vector<int32_t>{0, 4}));
 }
 
+// A GPT-2-style file: ByteLevel as the only pre-tokenizer, splitting with its own regex. The
+// vocabulary holds the byte-level characters below and the tokens their merges make; the expected
+// ids are worked out by hand from the merge ranks.
+const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string gpt2_style_json(const json& pre_tokenizer) {
+  // Ids 0..13: "Ġ" is the space byte, "Ċ" the newline byte.
+  const std::vector<std::string> base = {"Ġ", "h", "e", "l", "o", "w", "r", "d", "'", "s", "1", "2", "!", "Ċ"};
+  // In rank order; the merged tokens get ids 14 onwards.
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {"h", "e"},   {"l", "l"},   {"he", "ll"},   {"hell", "o"},   {"Ġ", "w"}, {"o", "r"},
+      {"Ġw", "or"}, {"Ġwor", "l"}, {"d", "'"},     {"Ġworl", "d"}, {"'", "s"}, {"1", "2"}};
+  json vocab = json::object();
+  for (size_t i = 0; i < base.size(); ++i) vocab[base[i]] = static_cast<int>(i);
+  json merge_list = json::array();
+  for (const auto& [a, b] : merges) {
+    vocab[a + b] = static_cast<int>(vocab.size());
+    merge_list.push_back(a + " " + b);
+  }
+  json root = {{"version", "1.0"}, {"added_tokens", json::array()}, {"normalizer", nullptr},
+               {"pre_tokenizer", pre_tokenizer}, {"post_processor", nullptr},
+               {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
+  return root.dump();
+}
+
+json byte_level_json(bool add_prefix_space, bool use_regex) {
+  return {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", true}, {"use_regex", use_regex}};
+}
+
+TEST(TokenizerParts, ByteLevelSplitsWithTheGpt2Regex) {
+  using V = std::vector<int32_t>;
+  const Tokenizer tok = Tokenizer::from_json(gpt2_style_json(byte_level_json(false, true)), "gpt2-style");
+  // Words "hello" " world" "'s" " 12" "!": hello=17, Ġworld=23, 's=24, Ġ=0 12=25, !=12.
+  EXPECT_EQ(tok.encode("hello world's 12!", false), (V{17, 23, 24, 0, 25, 12}));
+  // "  \n" is one word (whitespace not followed by non-space), then "\n", then "world", which has
+  // no "Ġ" and so merges only "o r": w=5 or=19 l=3 d=7.
+  EXPECT_EQ(tok.encode("hello  \n\nworld", false), (V{17, 0, 0, 13, 13, 5, 19, 3, 7}));
+  EXPECT_EQ(tok.decode(tok.encode("hello world's 12!", false), false), "hello world's 12!");
+
+  // Unsplit, "d '" (rank 8) would merge before "Ġworl d" (rank 9): the split is what prevents it.
+  const Tokenizer whole = Tokenizer::from_json(gpt2_style_json(byte_level_json(false, false)), "unsplit");
+  EXPECT_EQ(whole.encode("hello world's 12!", false), (V{17, 21, 22, 9, 0, 25, 12}));
+
+  // add_prefix_space puts a space before text that does not start with one.
+  const Tokenizer spaced = Tokenizer::from_json(gpt2_style_json(byte_level_json(true, true)), "prefixed");
+  EXPECT_EQ(spaced.encode("hello", false), (V{0, 17}));
+  EXPECT_EQ(spaced.encode(" world", false), (V{23}));
+
+  // The same as splitting first with the pattern and then byte-mapping without a regex.
+  const json seq = {{"type", "Sequence"},
+                    {"pretokenizers",
+                     json::array({{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"},
+                                   {"invert", false}},
+                                  byte_level_json(false, false)})}};
+  const Tokenizer split_then_map = Tokenizer::from_json(gpt2_style_json(seq), "sequence");
+  for (const std::string s : {"hello world's 12!", "hello  \n\nworld", "  hello!!  world's'd 1212 ", "he'll\t\there'S",
+                              "w\xC3\xB6rld 12ab!! \xE4\xB8\xAD", ""}) {
+    EXPECT_EQ(tok.encode(s, false), split_then_map.encode(s, false)) << json(s).dump();
+    if (!s.empty()) EXPECT_FALSE(tok.encode(s, false).empty()) << json(s).dump();
+  }
+}
+
+TEST_F(TokenizerFiles, FromTextsIsFromFolder) {
+  const std::string config =
+      R"({"bos_token": "a", "eos_token": {"content": "b"}, "chat_template": "from the config"})";
+  const std::string jinja = "from the jinja file";
+  const std::string generation = R"({"eos_token_id": [2, 1]})";
+  write("tokenizer.json", tokenizer_json(kModel));
+  write("tokenizer_config.json", config);
+  write("chat_template.jinja", jinja);
+  write("generation_config.json", generation);
+  const Tokenizer folder = Tokenizer::from_folder(dir_.string());
+  const Tokenizer texts = Tokenizer::from_texts(tokenizer_json(kModel), config, jinja, generation, "engine.ingot");
+  for (const Tokenizer* t : {&folder, &texts}) {
+    EXPECT_EQ(t->bos_id(), 0);
+    EXPECT_EQ(t->eos_ids(), (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(t->chat_template(), jinja);
+    EXPECT_EQ(t->encode("ab", false), std::vector<int32_t>{2});
+  }
+  const Tokenizer bare = Tokenizer::from_texts(tokenizer_json(kModel), config, std::nullopt, std::nullopt, "x");
+  EXPECT_EQ(bare.chat_template(), "from the config");
+  EXPECT_EQ(bare.eos_ids(), std::vector<int32_t>{1});
+
+  try {
+    Tokenizer::from_texts(tokenizer_json(kModel), R"({"eos_token": "zz"})", std::nullopt, std::nullopt, "engine.ingot");
+    FAIL() << "expected an error";
+  } catch (const ingot::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("engine.ingot/tokenizer_config.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("eos_token"), std::string::npos) << e.what();
+  }
+  try {
+    Tokenizer::from_texts("{", std::nullopt, std::nullopt, std::nullopt, "engine.ingot");
+    FAIL() << "expected an error";
+  } catch (const ingot::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("engine.ingot/tokenizer.json"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TokenizerParts, NfcSkipsOnlyWhatCannotChange) {
   // The NFC normalizer skips text that is already NFC and normalizes only the regions that may
   // change; on any mix of characters it must agree with utf8proc normalizing the whole string.

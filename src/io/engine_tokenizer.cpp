@@ -1,40 +1,23 @@
+// Loads the tokenizer an engine file carries from its embedded texts, exactly as the checkpoint
+// folder's files would be loaded; messages name the texts as files inside the engine file.
 #include "io/engine_tokenizer.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
-#include <fstream>
-
-#include "core/error.h"
+#include <string>
+#include <string_view>
 
 namespace ingot {
 
-namespace fs = std::filesystem;
-
-// The tokenizer loader reads a folder (tokenizer.json plus the config, template and generation
-// config that set bos/eos and the chat template), so the embedded texts are laid out in a private
-// temporary folder for it, removed again at once; nothing else ever reads that folder.
 std::optional<tok::Tokenizer> tokenizer_from_engine(const EngineFileInfo& f) {
   if (!f.tokenizer_json) return std::nullopt;
-  std::string tmpl = (fs::temp_directory_path() / "ingot-tokenizer-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error(f.path + ": cannot create a temporary folder for the tokenizer");
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } cleanup{tmpl};
-  auto put = [&](const char* name, const std::string& text) {
-    std::ofstream out(cleanup.p / name, std::ios::binary);
-    out.write(text.data(), std::streamsize(text.size()));
-    if (!out) throw Error(f.path + ": cannot write the embedded " + std::string(name) + " to " + cleanup.p.string());
+  auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
+    if (!s) return std::nullopt;
+    return std::string_view(*s);
   };
-  put("tokenizer.json", *f.tokenizer_json);
-  if (f.tokenizer_config_json) put("tokenizer_config.json", *f.tokenizer_config_json);
-  if (f.chat_template) put("chat_template.jinja", *f.chat_template);
-  if (!f.generation_defaults.empty()) put("generation_config.json", f.generation_defaults.dump());
-  return tok::Tokenizer::from_folder(cleanup.p.string());
+  // The engine stores the generation config as parsed JSON; an empty object means it had none.
+  std::optional<std::string> generation;
+  if (!f.generation_defaults.empty()) generation = f.generation_defaults.dump();
+  return tok::Tokenizer::from_texts(*f.tokenizer_json, view(f.tokenizer_config_json), view(f.chat_template),
+                                    view(generation), f.path);
 }
 
 }  // namespace ingot

@@ -152,6 +152,25 @@ void emit_segments(const std::vector<Segment>& segs, std::string_view s, bool at
   }
 }
 
+// Behavior Isolated without invert: every match and every gap is a piece. Done directly, without
+// the segment bookkeeping, since this is what most byte-level tokenizers run on all their text.
+void split_isolated(const Regex& re, std::string_view s, bool at_start, PieceFn out) {
+  size_t prev = 0, from = 0, b, e;
+  while (from <= s.size() && re.find(s, from, b, e)) {
+    if (e == b) {
+      if (b >= s.size()) break;
+      size_t next = b;
+      utf8_next(s, next);
+      from = next;
+      continue;
+    }
+    if (b > prev) out(s.substr(prev, b - prev), at_start && prev == 0);
+    out(s.substr(b, e - b), at_start && b == 0);
+    prev = from = e;
+  }
+  if (prev < s.size()) out(s.substr(prev), at_start && prev == 0);
+}
+
 class Split final : public PreTokenizer {
  public:
   Split(const json& j, const std::string& where) {
@@ -170,21 +189,7 @@ class Split final : public PreTokenizer {
   void split(std::string_view s, bool at_start, PieceFn out) const override {
     if (s.empty()) return;
     if (regex_ && behavior_ == Behavior::Isolated && !invert_) {
-      // The common case (Qwen, Llama 3): every match and every gap is a piece; no bookkeeping.
-      size_t prev = 0, from = 0, b, e;
-      while (from <= s.size() && regex_->find(s, from, b, e)) {
-        if (e == b) {
-          if (b >= s.size()) break;
-          size_t next = b;
-          utf8_next(s, next);
-          from = next;
-          continue;
-        }
-        if (b > prev) out(s.substr(prev, b - prev), at_start && prev == 0);
-        out(s.substr(b, e - b), at_start && b == 0);
-        prev = from = e;
-      }
-      if (prev < s.size()) out(s.substr(prev), at_start && prev == 0);
+      split_isolated(*regex_, s, at_start, out);  // the common case (Qwen, Llama 3)
       return;
     }
     std::vector<Segment> segs;
@@ -227,9 +232,8 @@ class ByteLevel final : public PreTokenizer {
       out(s, at_start);
       return;
     }
-    std::vector<Segment> segs;
-    regex_segments(gpt2_regex(), s, segs);
-    emit_segments(segs, s, at_start, out);  // Isolated: every segment is a piece
+    // The reference splits with behavior Isolated: matches are pieces too, not delimiters.
+    split_isolated(gpt2_regex(), s, at_start, out);
   }
 
  private:

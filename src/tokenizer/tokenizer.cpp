@@ -157,7 +157,10 @@ struct Tokenizer::Impl {
   bool tail_incomplete(std::span<const int32_t> ids, bool skip_special) const;
 
   void load_tokenizer_json(const std::string& text, const std::string& file);
-  void load_config(const std::string& dir);
+  // The optional texts of a folder; `dir` names them in messages.
+  void load_config(const std::string& dir, std::optional<std::string_view> tokenizer_config_json,
+                   std::optional<std::string_view> chat_template_jinja,
+                   std::optional<std::string_view> generation_config_json);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -276,15 +279,16 @@ bool config_token(const json& cfg, const char* key, std::string& out, const std:
 }
 }  // namespace
 
-void Tokenizer::Impl::load_config(const std::string& dir) {
+void Tokenizer::Impl::load_config(const std::string& dir, std::optional<std::string_view> tokenizer_config_json,
+                                  std::optional<std::string_view> chat_template_jinja,
+                                  std::optional<std::string_view> generation_config_json) {
   namespace fs = std::filesystem;
-  std::error_code ec;
   auto add_eos = [&](int32_t id) {
     if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
   };
   const std::string cfg_path = (fs::path(dir) / "tokenizer_config.json").string();
-  if (fs::exists(cfg_path, ec)) {
-    const json cfg = parse_json(read_file(cfg_path), cfg_path);
+  if (tokenizer_config_json) {
+    const json cfg = parse_json(*tokenizer_config_json, cfg_path);
     if (!cfg.is_object()) throw Error(cfg_path + ": expected a JSON object at the top level");
     std::string name;
     if (config_token(cfg, "bos_token", name, cfg_path)) {
@@ -312,12 +316,11 @@ void Tokenizer::Impl::load_config(const std::string& dir) {
       }
     }
   }
-  const std::string jinja = (fs::path(dir) / "chat_template.jinja").string();
-  if (fs::exists(jinja, ec)) chat_template = read_file(jinja);
+  if (chat_template_jinja) chat_template = std::string(*chat_template_jinja);
 
   const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
-  if (fs::exists(gen_path, ec)) {
-    const json gen = parse_json(read_file(gen_path), gen_path);
+  if (generation_config_json) {
+    const json gen = parse_json(*generation_config_json, gen_path);
     if (auto it = gen.find("eos_token_id"); gen.is_object() && it != gen.end() && !it->is_null()) {
       auto take = [&](const json& v) {
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)
@@ -349,10 +352,30 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
+  const std::string tokenizer_json = read_file((fs::path(dir) / "tokenizer.json").string());
+  auto optional_file = [&](const char* name) -> std::optional<std::string> {
+    const std::string path = (fs::path(dir) / name).string();
+    if (!fs::exists(path, ec)) return std::nullopt;
+    return read_file(path);
+  };
+  const auto config = optional_file("tokenizer_config.json");
+  const auto jinja = optional_file("chat_template.jinja");
+  const auto generation = optional_file("generation_config.json");
+  auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
+    if (!s) return std::nullopt;
+    return std::string_view(*s);
+  };
+  return from_texts(tokenizer_json, view(config), view(jinja), view(generation), dir);
+}
+
+Tokenizer Tokenizer::from_texts(std::string_view tokenizer_json, std::optional<std::string_view> tokenizer_config_json,
+                                std::optional<std::string_view> chat_template_jinja,
+                                std::optional<std::string_view> generation_config_json,
+                                const std::string& source_name) {
+  namespace fs = std::filesystem;
   auto impl = std::make_shared<Impl>();
-  const std::string file = (fs::path(dir) / "tokenizer.json").string();
-  impl->load_tokenizer_json(read_file(file), file);
-  impl->load_config(dir);
+  impl->load_tokenizer_json(std::string(tokenizer_json), (fs::path(source_name) / "tokenizer.json").string());
+  impl->load_config(source_name, tokenizer_config_json, chat_template_jinja, generation_config_json);
   return Tokenizer(std::move(impl));
 }
 

@@ -35,6 +35,13 @@ class Tokenizer {
   // chat_template), <dir>/chat_template.jinja (preferred over the config's template) and
   // <dir>/generation_config.json (its eos_token_id ids join eos_ids()).
   static Tokenizer from_folder(const std::string& dir);
+  // from_folder's loading from the files' texts; a missing optional file is std::nullopt.
+  // Messages name each text as the file it stands for inside a folder called `source_name`
+  // (e.g. "<source_name>/tokenizer_config.json").
+  static Tokenizer from_texts(std::string_view tokenizer_json, std::optional<std::string_view> tokenizer_config_json,
+                              std::optional<std::string_view> chat_template_jinja,
+                              std::optional<std::string_view> generation_config_json,
+                              const std::string& source_name);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
   // Unknown ids are dropped, as the reference does.
