@@ -50,15 +50,7 @@ void add_bench(CLI::App& app) {
     EngineSource src;
     const auto t_load = Clock::now();
     if (!a->config.empty()) {
-      std::ifstream in(a->config);
-      if (!in) throw Error(a->config + ": cannot open");
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(a->config + ": not valid JSON: " + e.what());
-      }
-      ModelSpec spec = parse_model_config(j, a->config);
+      ModelSpec spec = load_config_file(a->config);
       DType dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
       src.engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
     } else {

@@ -44,15 +44,7 @@ void add_build(CLI::App& app) {
     if (a->model_dir.empty() == a->config.empty()) throw Error("build: give exactly one of --model DIR or --config FILE");
     Engine engine;
     if (!a->config.empty()) {
-      std::ifstream in(a->config);
-      if (!in) throw Error(a->config + ": cannot open");
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(a->config + ": not valid JSON: " + e.what());
-      }
-      engine = random_engine(parse_model_config(j, a->config), bo.dtype.value_or(DType::BF16), a->seed);
+      engine = random_engine(load_config_file(a->config), bo.dtype.value_or(DType::BF16), a->seed);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
       {

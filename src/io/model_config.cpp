@@ -185,16 +185,22 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
   return s;
 }
 
+namespace {
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw Error(p.string() + ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(p.string() + ": not valid JSON: " + e.what());
+  }
+}
+}  // namespace
+
+ModelSpec load_config_file(const std::string& path) { return parse_model_config(read_json_file(path), path); }
+
 ModelSpec load_model_spec(const std::string& dir) {
-  auto read = [](const fs::path& p) {
-    std::ifstream in(p);
-    if (!in) throw Error(p.string() + ": cannot open");
-    try {
-      return json::parse(in);
-    } catch (const json::exception& e) {
-      throw Error(p.string() + ": not valid JSON: " + e.what());
-    }
-  };
+  const auto read = read_json_file;
   fs::path cfg = fs::path(dir) / "config.json";
   if (!fs::exists(cfg)) throw Error(dir + ": no config.json in the checkpoint folder");
   ModelSpec s = parse_model_config(read(cfg), cfg.string());

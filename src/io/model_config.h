@@ -55,6 +55,8 @@ struct ModelSpec {
 
 // Parses config.json content; `source` names the file in errors.
 ModelSpec parse_model_config(const nlohmann::json& config, const std::string& source);
+// Reads one config.json-style file (e.g. a shapes file for benchmarks with random weights).
+ModelSpec load_config_file(const std::string& path);
 // Reads DIR/config.json and, if present, DIR/generation_config.json (its eos/bos win over config.json's).
 ModelSpec load_model_spec(const std::string& dir);
 // Serialises the spec (for engine metadata and `inspect`).
