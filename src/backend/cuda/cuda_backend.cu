@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -119,6 +120,10 @@ class CudaBackend final : public Backend {
       free(sc->counters);
     }
     if (staging_) cudaFreeHost(staging_);
+    for (int b = 0; b < 2; ++b) {
+      if (bulk_[b]) cudaFreeHost(bulk_[b]);
+      if (bulk_done_[b]) cudaEventDestroy(bulk_done_[b]);
+    }
   }
 
   std::string name() const override { return "cuda"; }
@@ -169,9 +174,34 @@ class CudaBackend final : public Backend {
       staging_off_ += (n + 255) / 256 * 256;
       check(cudaMemcpyAsync(dst, st, n, cudaMemcpyHostToDevice, stream_->get()), "upload");
     } else {
-      // Pageable source: the call returns once the bytes are staged by the driver, so src may be
-      // reused afterwards.
-      check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_->get()), "upload");
+      upload_bulk(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    }
+  }
+
+  // Weights (often straight from a file mapping): copied in chunks through two pinned buffers, so the
+  // host copy of chunk i+1 (which also pages the mapping in, on several threads) overlaps the DMA of
+  // chunk i. The driver's own pageable path copies on one thread and waits for each transfer.
+  void upload_bulk(uint8_t* dst, const uint8_t* src, size_t n) {
+    if (!bulk_[0]) {
+      for (int b = 0; b < 2; ++b) {
+        check(cudaMallocHost(&bulk_[b], kBulkChunk), "cudaMallocHost");
+        check(cudaEventCreateWithFlags(&bulk_done_[b], cudaEventDisableTiming), "cudaEventCreate");
+      }
+    }
+    const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    for (size_t off = 0, i = 0; off < n; off += kBulkChunk, ++i) {
+      const int b = int(i % 2);
+      const size_t len = std::min(kBulkChunk, n - off);
+      check(cudaEventSynchronize(bulk_done_[b]), "cudaEventSynchronize");  // its previous DMA is done
+      uint8_t* st = static_cast<uint8_t*>(bulk_[b]);
+      const size_t part = (len + threads - 1) / threads;
+      std::vector<std::thread> pool;
+      for (unsigned t = 1; t < threads && t * part < len; ++t)
+        pool.emplace_back([=] { std::memcpy(st + t * part, src + off + t * part, std::min(part, len - t * part)); });
+      std::memcpy(st, src + off, std::min(part, len));
+      for (auto& th : pool) th.join();
+      check(cudaMemcpyAsync(dst + off, st, len, cudaMemcpyHostToDevice, stream_->get()), "upload");
+      check(cudaEventRecord(bulk_done_[b], stream_->get()), "cudaEventRecord");
     }
   }
   void download(void* dst, const void* src, size_t n) override {
@@ -345,6 +375,9 @@ class CudaBackend final : public Backend {
   Scratch attn_, argmax_;
   void* staging_ = nullptr;
   size_t staging_off_ = 0;
+  static constexpr size_t kBulkChunk = size_t(64) << 20;
+  void* bulk_[2] = {nullptr, nullptr};           // pinned chunk buffers of upload_bulk
+  cudaEvent_t bulk_done_[2] = {nullptr, nullptr};  // DMA out of each buffer finished
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::unique_ptr<LtPlan>> plans_;
   std::mutex mu_;
   std::map<void*, size_t> sizes_;
