@@ -9,7 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+#include <filesystem>
+
 #include "backend/backend.h"
+#include "io/engine_file.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/reference_check.h"
@@ -102,6 +106,36 @@ TEST_P(CudaParity, GraphDecodeIsBitwiseDirectDecode) {
     const DecodeRun graph = decode_run(engine, ref, dt, true, 12);
     EXPECT_EQ(graph.tokens, direct.tokens) << GetParam() << " " << dtype_name(dt);
     EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " " << dtype_name(dt) << ": KV cache bytes differ";
+  }
+}
+
+// An engine file reloaded (here in the same process; test_engine_file does a separate process on the
+// CPU) gives bitwise the same logits on the GPU as the in-memory build, in f32 and bf16.
+TEST_P(CudaParity, EngineFileReloadIsBitwise) {
+  const std::string dir = fixture_dir(GetParam());
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    Engine built = build_engine(dir, BuildOptions{dt});
+    EngineBuildInfo info;
+    info.bounds.max_batch = int(ref.rows());
+    info.bounds.capacity = reference_capacity(ref);
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("ingot-cuda-reload-" + GetParam() + "-" + std::string(dtype_name(dt)) + ".ingot")).string();
+    save_engine(built, info, path);
+    LoadedEngine loaded = load_engine(path);
+    auto be = make_cuda_backend(dt);
+    RuntimeOptions rt = info.bounds;
+    Model a(built, *be, rt), b(loaded.engine, *be, rt);
+    Batch batch;
+    for (int64_t n = 0; n < ref.rows(); ++n) {
+      const int64_t* ids = ref.input_ids.as<int64_t>() + n * ref.seq();
+      batch.rows.push_back(BatchRow{int(n), std::vector<int32_t>(ids, ids + ref.seq()), 0, {}, true});
+    }
+    HostTensor la = a.forward(batch), lb = b.forward(batch);
+    ASSERT_EQ(la.nbytes(), lb.nbytes());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.nbytes()), 0);
+    std::filesystem::remove(path);
   }
 }
 
