@@ -63,6 +63,7 @@ void add_check(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_text_commands(CLI::App& app);  // tokenize, template
 void add_chat(CLI::App& app);
+void add_eval(CLI::App& app);  // eval-logits
 void add_build(CLI::App& app);
 void add_inspect(CLI::App& app);
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   ingot::cli::add_bench(app);
   ingot::cli::add_text_commands(app);
   ingot::cli::add_chat(app);
+  ingot::cli::add_eval(app);
   ingot::cli::add_build(app);
   ingot::cli::add_inspect(app);
   try {

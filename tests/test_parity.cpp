@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/backend.h"
+#include "io/safetensors.h"
 #include "runtime/reference_check.h"
 #include "test_helpers.h"
 
@@ -44,6 +46,38 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + layout_name(std::get<1>(info.param));
                          });
+
+}  // namespace
+}  // namespace ingot
+
+// `ingot eval-logits` (used for the 16-bit studies) returns each context's last-position logits: on
+// contexts cut from a fixture's rows they equal transformers' logits at those positions.
+namespace ingot {
+namespace {
+
+TEST(EvalLogits, LastPositionsMatchTransformers) {
+  const std::string dir = test::fixture("qwen3_swa");
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  const int64_t N = ref.rows(), S = ref.seq(), V = ref.vocab();
+  HostTensor lengths(DType::I64, {N});
+  const int64_t cut[] = {S, 5, 17, 1};
+  for (int64_t n = 0; n < N; ++n) lengths.as<int64_t>()[n] = cut[n % 4];
+  test::TempDir tmp;
+  write_safetensors(tmp.file("ctx.safetensors"), {{"input_ids", ref.input_ids.view()}, {"lengths", lengths.view()}});
+  const std::string cmd = std::string(INGOT_BINARY) + " eval-logits --device cpu --model " + dir + " --contexts " +
+                          tmp.file("ctx.safetensors") + " --out " + tmp.file("out.safetensors") + " --max-batch 3 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  SafetensorsFile out(tmp.file("out.safetensors"));
+  const TensorEntry* lg = out.find("logits");
+  ASSERT_NE(lg, nullptr);
+  ASSERT_EQ(lg->shape, (Shape{N, V}));
+  const float* got = reinterpret_cast<const float*>(lg->data);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* want = ref.logits.as<float>() + (n * S + cut[n % 4] - 1) * V;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(got[n * V + v], want[v], 1e-4 + 1e-4 * std::fabs(want[v])) << "context " << n << " token " << v;
+  }
+}
 
 }  // namespace
 }  // namespace ingot

@@ -1,0 +1,70 @@
+// `ingot eval-logits`: the last-position logits of many contexts of varied length, packed into as few
+// forward calls as the workspace allows. tools/compare_16bit.py feeds it the contexts it also gives
+// transformers, to compare 16-bit paths against an f32 reference.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "common.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace ingot::cli {
+
+void add_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval-logits", "Last-position logits of many contexts (for numerics studies)");
+  struct Args {
+    ModelArgs model;
+    std::string contexts, out;
+    int max_batch = 32;
+  };
+  auto a = std::make_shared<Args>();
+  a->model.add_to(*cmd);
+  cmd->add_option("--contexts", a->contexts,
+                  "safetensors with input_ids [N, S] int64 and lengths [N] int64 (row n uses its first lengths[n] ids)")
+      ->required();
+  cmd->add_option("--out", a->out, "safetensors to write: logits [N, vocab] float32")->required();
+  cmd->add_option("--max-batch", a->max_batch, "rows per forward call")->check(CLI::PositiveNumber);
+  cmd->callback([a] {
+    SafetensorsFile f(a->contexts);
+    const TensorEntry* ids = f.find("input_ids");
+    const TensorEntry* lens = f.find("lengths");
+    if (!ids || ids->dtype != DType::I64 || ids->shape.size() != 2)
+      throw Error(a->contexts + ": needs 'input_ids' as int64 [N, S]");
+    const int64_t N = ids->shape[0], S = ids->shape[1];
+    if (!lens || lens->dtype != DType::I64 || lens->shape != Shape{N})
+      throw Error(a->contexts + ": needs 'lengths' as int64 [N]");
+    const int64_t* id = reinterpret_cast<const int64_t*>(ids->data);
+    const int64_t* len = reinterpret_cast<const int64_t*>(lens->data);
+    for (int64_t n = 0; n < N; ++n)
+      if (len[n] < 1 || len[n] > S)
+        throw Error(a->contexts + ": lengths[" + std::to_string(n) + "] = " + std::to_string(len[n]) + " is outside [1, " +
+                    std::to_string(S) + "]");
+    RuntimeOptions rt;
+    rt.max_batch = int(std::min<int64_t>(N, a->max_batch));
+    rt.capacity = S;
+    Loaded l = load_model(a->model, rt);
+    const int64_t V = l.engine->spec.vocab;
+    HostTensor out(DType::F32, {N, V});
+    for (int64_t n0 = 0; n0 < N;) {
+      Batch b;
+      int64_t tokens = 0;
+      for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[n] <= l.model->max_tokens(); ++n) {
+        std::vector<int32_t> t(static_cast<size_t>(len[n]));
+        for (int64_t i = 0; i < len[n]; ++i) t[size_t(i)] = int32_t(id[n * S + i]);
+        b.rows.push_back(BatchRow{int(b.rows.size()), std::move(t), 0, {}, false});
+        tokens += len[n];
+      }
+      if (b.rows.empty()) throw Error("eval-logits: context " + std::to_string(n0) + " does not fit the workspace");
+      HostTensor lg = l.model->forward(b);
+      std::memcpy(out.as<float>() + n0 * V, lg.data(), lg.nbytes());
+      n0 += int64_t(b.rows.size());
+      std::fprintf(stderr, "\r%lld/%lld contexts", (long long)n0, (long long)N);
+    }
+    std::fprintf(stderr, "\n");
+    write_safetensors(a->out, {{"logits", out.view()}},
+                      {{"device", l.backend->name()}, {"dtype", std::string(dtype_name(l.engine->weight_dtype))}});
+  });
+}
+
+}  // namespace ingot::cli
