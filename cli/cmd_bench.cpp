@@ -89,12 +89,10 @@ void add_bench(CLI::App& app) {
           for (; r0 < B && tokens + a->prompt_len <= m.max_tokens(); ++r0, tokens += a->prompt_len)
             b.rows.push_back(BatchRow{r0, prompts[size_t(r0)], 0, {}, false});
           if (b.rows.empty()) {  // a prompt longer than the workspace: its row alone, in chunks
-            const std::vector<int32_t>& p = prompts[size_t(r0)];
-            for (int64_t at = 0; at + m.max_tokens() < int64_t(p.size()); at += m.max_tokens())
-              m.forward(Batch{{BatchRow{r0, std::vector<int32_t>(p.begin() + at, p.begin() + at + m.max_tokens()), at, {}, false}}});
-            const int64_t last = (int64_t(p.size()) - 1) / m.max_tokens() * m.max_tokens();
-            b.rows.push_back(BatchRow{r0, std::vector<int32_t>(p.begin() + last, p.end()), last, {}, false});
+            HostTensor lg = prefill_row(m, r0, prompts[size_t(r0)], 0);
+            next[size_t(r0)] = int32_t(std::max_element(lg.as<float>(), lg.as<float>() + s.vocab) - lg.as<float>());
             ++r0;
+            continue;
           }
           HostTensor lg = m.forward(b);
           for (size_t i = 0; i < b.rows.size(); ++i) {

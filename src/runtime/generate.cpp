@@ -13,25 +13,32 @@ int32_t argmax_row(const HostTensor& logits, int64_t r) {
 }
 }  // namespace
 
-std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                                     const TokenCallback& on_token) {
-  if (prompt.empty()) throw Error("generate: the prompt is empty");
-  if (o.max_new_tokens < 1) throw Error("generate: max_new_tokens must be at least 1");
-  const int64_t need = slots_needed(int64_t(prompt.size()), o.max_new_tokens);
+void check_fits(const Model& m, int64_t prompt_len, int max_new_tokens) {
+  if (prompt_len < 1) throw Error("generate: the prompt is empty");
+  if (max_new_tokens < 1) throw Error("generate: max_new_tokens must be at least 1");
+  const int64_t need = slots_needed(prompt_len, max_new_tokens);
   if (need > m.capacity())
     throw Error("generate: the request needs " + std::to_string(need) + " cache slots (prompt " +
-                std::to_string(prompt.size()) + " + max_new_tokens " + std::to_string(o.max_new_tokens) +
+                std::to_string(prompt_len) + " + max_new_tokens " + std::to_string(max_new_tokens) +
                 " - 1) but the capacity is " + std::to_string(m.capacity()));
-  const int64_t chunk = o.prefill_chunk > 0 ? std::min(o.prefill_chunk, m.max_tokens()) : m.max_tokens();
-  HostTensor logits;  // [1, vocab] of the last prefill chunk
-  for (int64_t at = 0; at < int64_t(prompt.size()); at += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(prompt.size()) - at);
-    BatchRow r;
-    r.row = o.row;
-    r.tokens.assign(prompt.begin() + at, prompt.begin() + at + n);
-    r.write_index = at;
-    logits = m.forward(Batch{{r}});
+}
+
+HostTensor prefill_row(Model& m, int row, std::span<const int32_t> tokens, int64_t start, int64_t chunk) {
+  if (tokens.empty()) throw Error("prefill: no tokens");
+  chunk = chunk > 0 ? std::min(chunk, m.max_tokens()) : m.max_tokens();
+  HostTensor logits;
+  for (size_t at = 0; at < tokens.size(); at += size_t(chunk)) {
+    const size_t n = std::min(size_t(chunk), tokens.size() - at);
+    logits = m.forward(Batch{{BatchRow{row, std::vector<int32_t>(tokens.begin() + long(at), tokens.begin() + long(at + n)),
+                                       start + int64_t(at), {}, false}}});
   }
+  return logits;
+}
+
+std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                     const TokenCallback& on_token) {
+  check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
+  HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
   std::vector<int32_t> out;
   int64_t pos = int64_t(prompt.size());
   int32_t tok = argmax_row(logits, 0);

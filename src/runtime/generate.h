@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "runtime/model.h"
@@ -24,6 +25,14 @@ using TokenCallback = std::function<void(int step, bool from_prefill, int32_t to
 inline int64_t slots_needed(int64_t prompt_len, int64_t max_new_tokens) {
   return prompt_len + std::max<int64_t>(max_new_tokens, 1) - 1;
 }
+
+// Throws Error (before any compute) when a prompt of prompt_len plus max_new_tokens does not fit the
+// model's capacity.
+void check_fits(const Model& model, int64_t prompt_len, int max_new_tokens);
+
+// Runs `tokens` through one cache row from slot `start` on, in calls of at most `chunk` tokens (0 = as
+// many as the workspace holds). Returns the logits of the last token, [1, vocab].
+HostTensor prefill_row(Model& model, int row, std::span<const int32_t> tokens, int64_t start, int64_t chunk = 0);
 
 // Throws Error before any compute if the request does not fit the model's capacity.
 std::vector<int32_t> generate_greedy(Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& o,

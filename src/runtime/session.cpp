@@ -53,14 +53,8 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
                              const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  if (req.prompt_ids.empty()) throw Error("generate: the prompt has no tokens");
-  if (req.max_new_tokens < 1) throw Error("generate: --max-new-tokens must be at least 1");
+  check_fits(m_, int64_t(req.prompt_ids.size()), req.max_new_tokens);
   req.sampling.validate();
-  const int64_t need = slots_needed(int64_t(req.prompt_ids.size()), req.max_new_tokens);
-  if (need > m_.capacity())
-    throw Error("generate: the prompt (" + std::to_string(req.prompt_ids.size()) + " tokens) plus max_new_tokens " +
-                std::to_string(req.max_new_tokens) + " needs " + std::to_string(need) +
-                " cache slots but the capacity is " + std::to_string(m_.capacity()));
 
   // Reuse the cached prefix; at least the last prompt token is recomputed to get its logits.
   size_t keep = 0;
@@ -72,14 +66,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   res.prefilled_tokens = int64_t(req.prompt_ids.size() - keep);
   Sampler sampler(req.sampling);
   std::vector<int32_t> history = req.prompt_ids;
-  HostTensor logits;
-  for (size_t at = keep; at < req.prompt_ids.size();) {
-    const size_t n = std::min<size_t>(size_t(m_.max_tokens()), req.prompt_ids.size() - at);
-    BatchRow r{row_, std::vector<int32_t>(req.prompt_ids.begin() + long(at), req.prompt_ids.begin() + long(at + n)),
-               int64_t(at), {}, false};
-    logits = m_.forward(Batch{{r}});
-    at += n;
-  }
+  HostTensor logits = prefill_row(m_, row_, std::span<const int32_t>(req.prompt_ids).subspan(keep), int64_t(keep));
   cached_ = req.prompt_ids;
   const int64_t V = m_.spec().vocab;
   int32_t tok = sampler.pick(logits.as<float>(), V, history);
