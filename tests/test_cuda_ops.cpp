@@ -376,6 +376,58 @@ TEST_P(CudaOps, MemoryAndBandwidth) {
   EXPECT_THROW(Buffer(*gpu_be_, size_t(1) << 50), Error);
 }
 
+// Calls with many query tokens per row take the tensor-core prefill kernel in 16-bit (the rows hint
+// says how many rows the tokens come from): several rows share 64-token tiles, one row windowed,
+// rows at other write indices, and a token with nothing visible (zeros).
+TEST_P(CudaOps, AttentionPrefill) {
+  struct Case {
+    int q_heads, kv_heads, head_dim, window, capacity;
+    bool heads_first, bound_is_capacity;
+  };
+  for (Case cs : {Case{32, 8, 128, 0, 300, true, false}, Case{8, 2, 64, 20, 256, false, true},
+                  Case{4, 4, 128, 0, 200, false, true}, Case{16, 2, 64, 0, 1100, true, false}}) {
+    const CacheSpec cspec{4, cs.kv_heads, cs.capacity, cs.head_dim, cs.heads_first};
+    std::vector<Chunk> chunks = {{1, 0, 100}, {0, 37, 70}, {2, 5, 30}};
+    if (cs.capacity > 1000) chunks.push_back({3, 900, 150});
+    Meta meta = make_meta(chunks);
+    if (cs.capacity <= 1000) {  // one more row: a token that sees nothing
+      meta.row.push_back(3);
+      meta.slot.push_back(3);
+      meta.pos.push_back(3);
+      meta.kv_len.push_back(0);
+    }
+    const int64_t T = int64_t(meta.row.size()), QD = int64_t(cs.q_heads) * cs.head_dim;
+    int max_kv = 0;
+    for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
+    auto q = rnd(size_t(T * QD)), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    AttentionParams gp, cp;
+    void *go = g.put(std::vector<float>(size_t(T * QD), 7.0f)), *co = c.put(std::vector<float>(size_t(T * QD)));
+    for (auto [p, s, o] : {std::tuple{&gp, &g, go}, std::tuple{&cp, &c, co}}) {
+      p->q = s->m(s->put(q), T, QD);
+      p->out = s->m(o, T, QD);
+      p->q_heads = cs.q_heads;
+      p->kv_heads = cs.kv_heads;
+      p->head_dim = cs.head_dim;
+      p->window = cs.window;
+      p->scale = 1.0f / std::sqrt(float(cs.head_dim));
+      p->max_kv_len = cs.bound_is_capacity ? cs.capacity : max_kv;
+      p->rows = 4;
+      p->meta = put_meta(*s, meta);
+      p->cache = cspec.view(s->put(kc), s->put(vc), s->dt);
+    }
+    gpu_be_->attention(gp);
+    cpu_be_->attention(cp);
+    const std::string what = "prefill attention q=" + std::to_string(cs.q_heads) + " kv=" + std::to_string(cs.kv_heads) +
+                             " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window);
+    auto got = g.get(go, size_t(T * QD));
+    expect_close(got, c.get(co, size_t(T * QD)), tol(), what);
+    if (cs.capacity <= 1000)
+      for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

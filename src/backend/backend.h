@@ -63,6 +63,7 @@ struct AttentionParams {
   int window = 0;       // sliding window (keys with slot > p - window), 0 = full
   float scale = 1.0f;   // softmax scale, 1/sqrt(head_dim)
   int max_kv_len = 0;   // an upper bound of kv_len over the call's tokens (grid sizing)
+  int rows = 0;         // distinct cache rows among the tokens (kernel choice: tokens per row); 0 = unknown
   TokenMeta meta;
   KvLayerView cache;
 };

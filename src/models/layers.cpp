@@ -103,6 +103,7 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   ap.window = int(s.window[size_t(layer)]);
   ap.scale = 1.0f / std::sqrt(float(s.head_dim));
   ap.max_kv_len = c.max_kv_len;
+  ap.rows = c.rows;
   ap.meta = c.meta;
   ap.cache = cache;
   c.be.attention(ap);

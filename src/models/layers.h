@@ -47,6 +47,7 @@ struct ForwardContext {
   const float* inv_freq = nullptr;  // [rope_dim / 2]
   float rope_scale = 1.0f;
   int max_kv_len = 0;
+  int rows = 0;  // distinct cache rows in the call
   KvLayerView (*cache_view)(void* owner, int layer) = nullptr;
   void* cache_owner = nullptr;
 };

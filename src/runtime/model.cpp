@@ -18,6 +18,7 @@ CacheLayout parse_layout(const std::string& s) {
 struct Model::Prepared {
   std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
   int max_kv_len = 0;
+  int rows = 0;
 };
 
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
@@ -153,6 +154,7 @@ Model::Prepared Model::prepare(const Batch& b) const {
   if (total > opt_.max_tokens)
     throw Error("forward: the call carries " + std::to_string(total) + " tokens but the workspace holds " +
                 std::to_string(opt_.max_tokens) + "; split the prefill into chunks");
+  p.rows = int(b.rows.size());
   for (const BatchRow& br : b.rows) {
     const int64_t len = int64_t(br.tokens.size());
     const int32_t kv_len = int32_t(br.write_index + len);
@@ -177,7 +179,7 @@ namespace {
 KvLayerView cache_view_thunk(void* owner, int layer) { return static_cast<Model*>(owner)->cache_view(layer); }
 }  // namespace
 
-void Model::run_layers(int64_t T, int max_kv_len) {
+void Model::run_layers(int64_t T, int max_kv_len, int rows) {
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();
   ForwardContext c{be_, s};
@@ -193,6 +195,7 @@ void Model::run_layers(int64_t T, int max_kv_len) {
   c.inv_freq = inv_freq_.as<float>();
   c.rope_scale = rope_scale_;
   c.max_kv_len = max_kv_len;
+  c.rows = rows;
   c.cache_view = cache_view_thunk;
   c.cache_owner = this;
 
@@ -215,7 +218,7 @@ void Model::upload_meta(const Prepared& p) {
 void Model::decode_body(int64_t n) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
-  run_layers(n, int(opt_.capacity));
+  run_layers(n, int(opt_.capacity), int(n));
   Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
   be_.linear(mat(h_.get(), adt, n, spec_.hidden), lm_head_->m, nullptr, lg);
   be_.argmax(lg, next_tokens_.as<int32_t>());
@@ -251,7 +254,7 @@ HostTensor Model::forward(const Batch& batch) {
   Prepared p = prepare(batch);
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
-  run_layers(T, p.max_kv_len);
+  run_layers(T, p.max_kv_len, p.rows);
 
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();

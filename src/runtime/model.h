@@ -75,7 +75,7 @@ class Model {
  private:
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
-  void run_layers(int64_t T, int max_kv_len);
+  void run_layers(int64_t T, int max_kv_len, int rows);
   void upload_meta(const Prepared& p);
   void decode_body(int64_t n);  // the ops of one decode step over n rows, up to the argmax
 

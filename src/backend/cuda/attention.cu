@@ -357,6 +357,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
             "attention zero fill");
     return;
   }
+  if (launch_attention_prefill(p, s)) return;  // many query tokens per row, 16-bit: the tensor-core kernel
   const int groups = p.q_heads / p.kv_heads;
   const size_t es = dtype_size(p.q.dtype);
   auto aligned = [&](const void* ptr, int64_t stride) {

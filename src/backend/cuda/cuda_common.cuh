@@ -109,6 +109,9 @@ struct Scratch {
 };
 // `ws.n_floats` bounds how many key slices the split-KV kernels may use.
 void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s);
+// The tensor-core prefill kernel (attention_prefill.cu); false, launching nothing, when the call does
+// not suit it (f32, few query tokens, head_dim other than 64/128, unaligned rows).
+bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
