@@ -3,7 +3,10 @@
 // CUDA graph capture, and the op launchers of the other files in this directory.
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -61,6 +64,94 @@ class CudaGraph final : public Graph {
   cudaGraphExec_t exec_ = nullptr;
   cudaStream_t stream_;
 };
+
+// Per-op device time, on when INGOT_CUDA_PROFILE=1: an event pair around every op, summed per op name
+// and shape, printed to stderr as a table when the backend goes away. Graphs are not captured while
+// it is on (ops then run one by one), and the events serialise the stream (no programmatic dependent
+// launch overlap): each figure is the op's own duration plus its launch gap.
+class OpProfile {
+ public:
+  OpProfile() {
+    const char* e = std::getenv("INGOT_CUDA_PROFILE");
+    on_ = e && e[0] == '1';
+  }
+  ~OpProfile() {
+    if (!on_) return;
+    fold();
+    for (auto& [a, b] : pool_) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double all = 0;
+    for (const auto& r : rows) all += r.second.ms;
+    std::fprintf(stderr, "== INGOT_CUDA_PROFILE: device time per op (events around each op, no graphs)\n");
+    std::fprintf(stderr, "%10s %8s %10s %6s  %s\n", "total ms", "calls", "mean us", "%", "op");
+    for (const auto& [name, t] : rows)
+      std::fprintf(stderr, "%10.3f %8lld %10.2f %6.1f  %s\n", t.ms, t.calls, 1e3 * t.ms / double(t.calls),
+                   100.0 * t.ms / all, name.c_str());
+  }
+  OpProfile(const OpProfile&) = delete;
+  OpProfile& operator=(const OpProfile&) = delete;
+  bool on() const { return on_; }
+
+  // Records the start now and the end when the returned scope closes.
+  class Scope {
+   public:
+    Scope(OpProfile* p, size_t i, cudaStream_t s) : p_(p), i_(i), s_(s) {}
+    ~Scope() {
+      if (p_) cudaEventRecord(p_->pool_[i_].second, s_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    OpProfile* p_;
+    size_t i_;
+    cudaStream_t s_;
+  };
+  Scope scope(const std::function<std::string()>& name, cudaStream_t s) {
+    if (!on_) return Scope(nullptr, 0, s);
+    if (used_ == kBatch) fold();
+    if (used_ == pool_.size()) {
+      cudaEvent_t a, b;
+      check(cudaEventCreate(&a), "cudaEventCreate");
+      check(cudaEventCreate(&b), "cudaEventCreate");
+      pool_.emplace_back(a, b);
+      names_.emplace_back();
+    }
+    names_[used_] = name();
+    check(cudaEventRecord(pool_[used_].first, s), "cudaEventRecord");
+    return Scope(this, used_++, s);
+  }
+
+ private:
+  struct Total {
+    double ms = 0;
+    long long calls = 0;
+  };
+  static constexpr size_t kBatch = 4096;
+  void fold() {
+    for (size_t i = 0; i < used_; ++i) {
+      float ms = 0;
+      if (cudaEventSynchronize(pool_[i].second) == cudaSuccess &&
+          cudaEventElapsedTime(&ms, pool_[i].first, pool_[i].second) == cudaSuccess) {
+        Total& t = totals_[names_[i]];
+        t.ms += ms;
+        ++t.calls;
+      }
+    }
+    used_ = 0;
+  }
+  bool on_ = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pool_;
+  std::vector<std::string> names_;
+  size_t used_ = 0;
+  std::map<std::string, Total> totals_;
+};
+
+std::string shape(const Mat& m) { return std::to_string(m.rows) + "x" + std::to_string(m.cols); }
 
 cudaDataType_t lt_type(DType t) {
   switch (t) {
@@ -221,6 +312,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { check(cudaStreamSynchronize(stream_->get()), "cudaStreamSynchronize"); }
 
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
+    if (prof_.on()) return nullptr;  // profiling times ops one by one
     cudaStream_t s = stream_->get();
     check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
@@ -270,9 +362,11 @@ class CudaBackend final : public Backend {
   }
 
   void embedding(const Mat& table, const int32_t* ids, const Mat& out) override {
+    auto _ = prof_.scope([&] { return "embedding " + shape(out); }, stream_->get());
     launch_embedding(table, ids, out, stream_->get());
   }
   void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType wt, float eps, const Mat& out) override {
+    auto _ = prof_.scope([&] { return std::string(delta ? "add_rmsnorm " : "rmsnorm ") + shape(x); }, stream_->get());
     launch_add_rmsnorm(x, delta, weight, wt, eps, out, stream_->get());
   }
   void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
@@ -285,19 +379,31 @@ class CudaBackend final : public Backend {
                   "], w [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], y [" +
                   std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]");
     if (x.rows == 0) return;
+    auto _ = prof_.scope([&] { return "linear x " + shape(x) + " w " + shape(w); }, stream_->get());
     if (launch_gemv(x, w, bias, y, stream_->get())) return;
     matmul(x, w, y);
     if (bias) launch_add_bias(y, bias, stream_->get());
   }
-  void rope_cache_write(const RopeWriteParams& p) override { launch_rope_cache_write(p, stream_->get()); }
+  void rope_cache_write(const RopeWriteParams& p) override {
+    auto _ = prof_.scope([&] { return "rope_cache_write T=" + std::to_string(p.qkv.rows); }, stream_->get());
+    launch_rope_cache_write(p, stream_->get());
+  }
   void attention(const AttentionParams& p) override {
+    auto _ = prof_.scope([&] { return "attention T=" + std::to_string(p.q.rows) + " rows=" + std::to_string(p.rows) +
+                                      " max_kv=" + std::to_string(p.max_kv_len); }, stream_->get());
     launch_attention(p, attn_, stream_->get());
   }
-  void swiglu(const Mat& gu, const Mat& out) override { launch_swiglu(gu, out, stream_->get()); }
+  void swiglu(const Mat& gu, const Mat& out) override {
+    auto _ = prof_.scope([&] { return "swiglu " + shape(out); }, stream_->get());
+    launch_swiglu(gu, out, stream_->get());
+  }
   void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
     launch_gather_rows(src, idx, dst, stream_->get());
   }
-  void argmax(const Mat& logits, int32_t* out) override { launch_argmax(logits, out, argmax_, stream_->get()); }
+  void argmax(const Mat& logits, int32_t* out) override {
+    auto _ = prof_.scope([&] { return "argmax " + shape(logits); }, stream_->get());
+    launch_argmax(logits, out, argmax_, stream_->get());
+  }
   void to_f32(const Mat& src, float* dst) override {
     const size_t es = dtype_size(src.dtype);
     std::vector<uint8_t> raw(size_t(src.cols) * es);
@@ -383,6 +489,7 @@ class CudaBackend final : public Backend {
   std::map<void*, size_t> sizes_;
   size_t current_ = 0, peak_ = 0;
   double bandwidth_ = 0;
+  OpProfile prof_;  // destroyed first: its table prints while the stream still exists
 };
 
 }  // namespace
