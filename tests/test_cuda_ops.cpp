@@ -307,17 +307,29 @@ TEST_P(CudaOps, RopeCacheWrite) {
 }
 
 TEST_P(CudaOps, Attention) {
+  // Which rows decode where: kMixed, rows at different write indices (a prefill chunk, single decode
+  // tokens, one at the last slot, a chunk in the middle); kLong, the same plus a decode token at slot
+  // 4096 (kv_len 4097: many chunks and slices, a partial last chunk); kShort, only short rows under a
+  // bound (the capacity) far above them, as in a decode graph early in generation. Every case adds a
+  // token whose kv_len is 0 (all keys masked: zeros).
+  enum Rows { kMixed, kLong, kShort };
   struct Case {
     int q_heads, kv_heads, head_dim, window, capacity;
     bool heads_first, bound_is_capacity;
+    Rows rows;
+    float q_scale;  // > 1 sharpens the softmax so the long rows' outputs are far from zero
   };
-  for (Case cs : {Case{4, 2, 16, 0, 50, true, false}, Case{8, 2, 64, 0, 700, false, true},
-                  Case{6, 3, 40, 5, 90, true, true}, Case{32, 8, 128, 0, 384, true, true},
-                  Case{4, 4, 128, 33, 1000, false, false}, Case{12, 1, 256, 0, 130, true, true}}) {
-    const CacheSpec cspec{4, cs.kv_heads, cs.capacity, cs.head_dim, cs.heads_first};
-    // Rows at different write indices: a prefill chunk, single decode tokens (one at the last slot),
-    // a chunk in the middle, and a token whose kv_len is 0 (all keys masked: zeros).
+  for (Case cs : {Case{4, 2, 16, 0, 50, true, false, kMixed, 1.f}, Case{8, 2, 64, 0, 700, false, true, kMixed, 1.f},
+                  Case{6, 3, 40, 5, 90, true, true, kMixed, 1.f}, Case{32, 8, 128, 0, 384, true, true, kMixed, 1.f},
+                  Case{4, 4, 128, 33, 1000, false, false, kMixed, 1.f},
+                  Case{12, 1, 256, 0, 130, true, true, kMixed, 1.f},
+                  Case{8, 2, 128, 0, 5000, true, false, kLong, 2.f}, Case{8, 2, 128, 700, 5000, false, true, kLong, 2.f},
+                  Case{8, 2, 128, 0, 5000, true, true, kShort, 2.f}, Case{4, 1, 96, 700, 5000, false, true, kLong, 2.f},
+                  Case{8, 2, 64, 0, 5000, false, true, kShort, 2.f}}) {
+    const CacheSpec cspec{5, cs.kv_heads, cs.capacity, cs.head_dim, cs.heads_first};
     std::vector<Chunk> chunks = {{1, 0, 9}, {3, cs.capacity - 1, 1}, {0, 17, 5}, {2, 40 % cs.capacity, 1}};
+    if (cs.rows == kLong) chunks.push_back({4, 4096, 1});
+    if (cs.rows == kShort) chunks = {{1, 0, 9}, {0, 17, 5}, {2, 40, 1}, {4, 100, 1}};
     Meta meta = make_meta(chunks);
     meta.row.push_back(2);
     meta.slot.push_back(3);
@@ -326,7 +338,7 @@ TEST_P(CudaOps, Attention) {
     const int64_t T = int64_t(meta.row.size()), QD = int64_t(cs.q_heads) * cs.head_dim;
     int max_kv = 0;
     for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
-    auto q = rnd(size_t(T * QD)), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    auto q = rnd(size_t(T * QD), cs.q_scale), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
     Side& g = *gpu_;
     Side& c = *cpu_;
     AttentionParams gp, cp;
@@ -346,10 +358,14 @@ TEST_P(CudaOps, Attention) {
     gpu_be_->attention(gp);
     cpu_be_->attention(cp);
     const std::string what = "attention q=" + std::to_string(cs.q_heads) + " kv=" + std::to_string(cs.kv_heads) +
-                             " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window);
+                             " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window) +
+                             " capacity=" + std::to_string(cs.capacity) + " bound=" + std::to_string(gp.max_kv_len);
     auto got = g.get(go, size_t(T * QD));
     expect_close(got, c.get(co, size_t(T * QD)), tol(), what);
     for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
+    // The slice counters must be back at zero: a second call gives the same bits.
+    gpu_be_->attention(gp);
+    EXPECT_EQ(g.get(go, size_t(T * QD)), got) << what << ": second call";
   }
 }
 
