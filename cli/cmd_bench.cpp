@@ -1,5 +1,6 @@
 // `ingot bench`: time to first token, prefill and decode throughput per batch size, on a checkpoint or
-// on random weights of a config.json's shapes. EOS is ignored so every run has the same length.
+// on random weights of a config.json's shapes. EOS is ignored so every run has the same length. Decode
+// steps take the argmax, or sample on the device when sampling flags are given.
 #include <unistd.h>
 
 #include <chrono>
@@ -36,6 +37,7 @@ void add_bench(CLI::App& app) {
     std::string batches = "1";
     bool json = false;
     uint64_t seed = 0;
+    SamplingParams sampling;  // greedy unless set: the decode steps then sample on the device
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
@@ -44,9 +46,16 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--new-tokens", a->new_tokens, "generated tokens")->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
+  cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");
+  cmd->add_option("--top-k", a->sampling.top_k, "top-k of the sampled decode steps (0 = off)");
+  cmd->add_option("--top-p", a->sampling.top_p, "top-p of the sampled decode steps (1 = off)");
+  cmd->add_option("--min-p", a->sampling.min_p, "min-p of the sampled decode steps (0 = off)");
+  cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "repetition penalty (1 = off)");
+  cmd->add_option("--seed", a->sampling.seed, "seed of the sampled decode steps");
   cmd->callback([a] {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
+    a->sampling.validate();
     EngineSource src;
     const auto t_load = Clock::now();
     if (!a->config.empty()) {
@@ -102,12 +111,15 @@ void add_bench(CLI::App& app) {
         }
       };
       std::vector<int> rows(static_cast<size_t>(B));
-      for (int r = 0; r < B; ++r) rows[size_t(r)] = r;
+      for (int r = 0; r < B; ++r) {
+        rows[size_t(r)] = r;
+        m.set_sampling(r, a->sampling, prompts[size_t(r)]);
+      }
       // Warm-up outside the timings: first launches load kernels, matmul plans are chosen and the
       // decode graph is captured. The timed prefill then rewrites the same slots.
       prefill_all();
       for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step)
-        next = m.decode_greedy(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
       backend->synchronize();
 
       auto t0 = Clock::now();
@@ -118,7 +130,7 @@ void add_bench(CLI::App& app) {
       auto t1 = Clock::now();
       const int steps = a->new_tokens - 1;
       for (int step = 0; step < steps; ++step) {
-        next = m.decode_greedy(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
         progress("decode", step + 1, steps);
       }
       backend->synchronize();
@@ -128,6 +140,11 @@ void add_bench(CLI::App& app) {
                           {"dtype", std::string(dtype_name(engine->weight_dtype))},
                           {"prompt_len", a->prompt_len},
                           {"new_tokens", a->new_tokens},
+                          {"sampling", {{"temperature", a->sampling.temperature},
+                                        {"top_k", a->sampling.top_k},
+                                        {"top_p", a->sampling.top_p},
+                                        {"min_p", a->sampling.min_p},
+                                        {"repetition_penalty", a->sampling.repetition_penalty}}},
                           {"ttft_ms", t_prefill * 1e3},
                           {"prefill_tok_s", double(B) * a->prompt_len / t_prefill},
                           {"decode_tok_s_per_seq", steps / t_decode},
@@ -161,6 +178,11 @@ void add_bench(CLI::App& app) {
                     r["decode_tok_s_per_seq"].get<double>(), r["decode_tok_s"].get<double>(), m.weight_bytes() / 1e6,
                     m.cache_bytes() / 1e6, m.workspace_bytes() / 1e6);
       if (!a->json) std::printf("           load %.3f s, then the model ready in %.3f s\n", load_s, model_init_s);
+      if (!a->json && !a->sampling.greedy())
+        std::printf("           decode sampled on the device (temperature %g, top-k %d, top-p %g, min-p %g, "
+                    "repetition penalty %g)\n",
+                    double(a->sampling.temperature), a->sampling.top_k, double(a->sampling.top_p),
+                    double(a->sampling.min_p), double(a->sampling.repetition_penalty));
     }
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
   });

@@ -1,13 +1,16 @@
 // Op-level conformance of the CUDA backend against the CPU reference backend: every op on random
 // shapes (odd sizes, GQA, rows at different write indices, sliding windows, the all-masked row, both
-// cache layouts), f32 with tight tolerances and f16/bf16 with tolerances of their rounding. Inputs are
-// rounded to the tested dtype first, so both backends see the same values. Skips without a GPU.
+// cache layouts), f32 with tight tolerances and f16/bf16 with tolerances of their rounding; the sample
+// op picks exactly the CPU's tokens. Inputs are rounded to the tested dtype first, so both backends see
+// the same values. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -442,6 +445,142 @@ TEST_P(CudaOps, AttentionPrefill) {
     if (cs.capacity <= 1000)
       for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
   }
+}
+
+// Settings the sample tests cycle through: the argmax with and without the penalty, each filter alone
+// and in combinations, top-p so small only the top survives, and top-k of the vocabulary less one (-1).
+const std::vector<SampleParams> kSampleSettings = {
+    {0.0f, 0, 1.0f, 0.0f, 1.0f, 0},   {0.0f, 0, 1.0f, 0.0f, 1.3f, 0},     {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},
+    {0.7f, 20, 1.0f, 0.0f, 1.0f, 0},  {1.0f, 1, 1.0f, 0.0f, 1.0f, 0},     {0.9f, 0, 0.9f, 0.0f, 1.0f, 0},
+    {0.6f, 50, 0.5f, 0.0f, 1.0f, 0},  {1.0f, 0, 1.0f, 0.05f, 1.0f, 0},    {1.0f, 0, 0.95f, 0.2f, 1.0f, 0},
+    {0.8f, 0, 1.0f, 0.0f, 1.3f, 0},   {2.0f, 0, 1.0f, 0.0f, 1.0f, 0},     {1.5f, 1000, 0.99f, 0.01f, 1.1f, 0},
+    {0.3f, 3, 0.3f, 0.5f, 0.8f, 0},   {5.0f, 0, 0.999f, 0.0f, 1.0f, 0},   {1.0f, 0, 1e-6f, 0.0f, 1.0f, 0},
+    {1.0f, -1, 1.0f, 0.0f, 1.0f, 0},
+};
+
+std::string describe(const SampleParams& p) {
+  return "temperature " + std::to_string(p.temperature) + " top_k " + std::to_string(p.top_k) + " top_p " +
+         std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p) + " penalty " +
+         std::to_string(p.repetition_penalty);
+}
+
+// The sample op picks exactly the CPU reference's tokens (identical, not close): a Qwen-sized and a
+// tiny vocabulary, rows of every kind (spread, wide, heavy ties, all equal, -inf entries, two tied
+// dominant tokens far above the rest), every setting, rows reaching their state through an
+// indirection, three calls so the draw counters and seen marks carry over.
+TEST_P(CudaOps, SampleMatchesCpu) {
+  for (int64_t V : {int64_t(151936), int64_t(37)}) {
+    const int64_t R = V > 1000 ? 18 : 64;
+    std::vector<float> lg = rnd(size_t(R * V), 2.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* l = lg.data() + r * V;
+      switch (r % 6) {
+        case 1: for (int64_t j = 0; j < V; ++j) l[j] *= 4.0f; break;
+        case 2: for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f; break;
+        case 3: std::fill(l, l + V, 1.25f); break;
+        case 4: for (int64_t j = 0; j < V; j += 3) l[j] = -INFINITY; break;
+        case 5:
+          for (int64_t j = 0; j < V; ++j) l[j] -= 30.0f;
+          l[V / 2] = l[V / 3] = 10.0f;
+          break;
+        default: break;
+      }
+    }
+    lg = round_dt(lg);
+    std::vector<SampleParams> params(static_cast<size_t>(R));
+    std::vector<uint32_t> step(static_cast<size_t>(R));
+    std::vector<int32_t> state_of(static_cast<size_t>(R));
+    std::vector<uint8_t> seen(static_cast<size_t>(R * V));
+    for (int64_t r = 0; r < R; ++r) {
+      SampleParams& p = params[size_t(r)];
+      p = kSampleSettings[size_t(r) % kSampleSettings.size()];
+      p.seed = 1000 + uint64_t(r);
+      if (p.top_k < 0 || p.top_k >= V) p.top_k = int32_t(V - 1);
+      step[size_t(r)] = uint32_t(rng_());
+      state_of[size_t(r)] = int32_t((r * 7 + 3) % R);  // a permutation: 7 is prime to R
+    }
+    for (uint8_t& x : seen) x = rng_() % 20 == 0;
+    Side& g = *gpu_;
+    auto put_raw = [&](const void* p, size_t n) {
+      g.keep.emplace_back(*gpu_be_, n);
+      gpu_be_->upload(g.keep.back().get(), p, n);
+      return g.keep.back().get();
+    };
+    SampleState gs{g.put_i32(state_of), static_cast<const SampleParams*>(put_raw(params.data(), params.size() * sizeof(SampleParams))),
+                   static_cast<uint32_t*>(put_raw(step.data(), step.size() * 4)),
+                   static_cast<uint8_t*>(put_raw(seen.data(), seen.size())), V};
+    SampleState cs{state_of.data(), params.data(), step.data(), seen.data(), V};
+    const Mat glg = g.m(g.put(lg), R, V), clg = mat(lg.data(), DType::F32, R, V);
+    int32_t* gout = g.put_i32(std::vector<int32_t>(size_t(R)));
+    std::vector<int32_t> cout(static_cast<size_t>(R));
+    for (int call = 0; call < 3; ++call) {
+      gpu_be_->sample(glg, gs, gout);
+      cpu_be_->sample(clg, cs, cout.data());
+      const std::vector<int32_t> got = g.get_i32(gout, size_t(R));
+      for (int64_t r = 0; r < R; ++r)
+        EXPECT_EQ(got[size_t(r)], cout[size_t(r)])
+            << "vocab " << V << " call " << call << " row " << r << " (kind " << r % 6 << ", "
+            << describe(params[size_t(state_of[size_t(r)])]) << ")";
+    }
+    std::vector<uint32_t> gstep(step.size());
+    std::vector<uint8_t> gseen(seen.size());
+    gpu_be_->download(gstep.data(), gs.step, gstep.size() * 4);
+    gpu_be_->download(gseen.data(), gs.seen, gseen.size());
+    EXPECT_EQ(gstep, step) << "vocab " << V << ": draw counters";
+    EXPECT_TRUE(gseen == seen) << "vocab " << V << ": seen marks differ";
+  }
+}
+
+// A captured sample op replayed gives the tokens of the same calls run directly: the state it reads
+// and advances lives in buffers, so each replay draws anew.
+TEST_P(CudaOps, SampleGraphReplayMatchesDirect) {
+  const int64_t V = 5003, R = 4;
+  const int calls = 6;
+  const std::vector<float> lg = rnd(size_t(R * V), 3.0f);
+  const std::vector<SampleParams> params = {{0.9f, 0, 0.9f, 0.0f, 1.2f, 1},
+                                            {1.0f, 40, 1.0f, 0.02f, 1.0f, 2},
+                                            {0.0f, 0, 1.0f, 0.0f, 1.3f, 3},
+                                            {1.5f, 0, 1.0f, 0.0f, 1.0f, 4}};
+  const std::vector<uint32_t> step0 = {0, 10, 20, 30};
+  const std::vector<uint8_t> seen0(size_t(R * V), 0);
+  Side& g = *gpu_;
+  Buffer bp(*gpu_be_, params.size() * sizeof(SampleParams)), bs(*gpu_be_, step0.size() * 4), bn(*gpu_be_, seen0.size());
+  gpu_be_->upload(bp.get(), params.data(), bp.size());
+  SampleState st{nullptr, bp.as<SampleParams>(), bs.as<uint32_t>(), bn.as<uint8_t>(), V};
+  const Mat m = g.m(g.put(lg), R, V);
+  int32_t* out = g.put_i32(std::vector<int32_t>(size_t(R)));
+  auto reset = [&] {
+    gpu_be_->upload(bs.get(), step0.data(), bs.size());
+    gpu_be_->upload(bn.get(), seen0.data(), bn.size());
+  };
+  auto state = [&] {
+    std::vector<uint32_t> s(step0.size());
+    gpu_be_->download(s.data(), bs.get(), bs.size());
+    return s;
+  };
+  reset();
+  std::vector<std::vector<int32_t>> direct, replayed;
+  for (int k = 0; k < calls; ++k) {
+    gpu_be_->sample(m, st, out);
+    direct.push_back(g.get_i32(out, size_t(R)));
+  }
+  std::vector<uint8_t> seen_direct(seen0.size()), seen_graph(seen0.size());
+  gpu_be_->download(seen_direct.data(), bn.get(), bn.size());
+  reset();
+  auto graph = gpu_be_->capture([&] { gpu_be_->sample(m, st, out); });
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(state(), step0) << "capture must not execute";
+  for (int k = 0; k < calls; ++k) {
+    graph->replay();
+    replayed.push_back(g.get_i32(out, size_t(R)));
+  }
+  gpu_be_->download(seen_graph.data(), bn.get(), bn.size());
+  EXPECT_EQ(replayed, direct);
+  EXPECT_TRUE(seen_graph == seen_direct);
+  EXPECT_EQ(state(), (std::vector<uint32_t>{calls, 10 + calls, 20 + calls, 30 + calls}));
+  std::set<int32_t> row0;
+  for (const auto& d : direct) row0.insert(d[0]);
+  EXPECT_GT(row0.size(), 1u) << "row 0 samples: successive draws should differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),

@@ -1,7 +1,8 @@
 // Model-level parity of the CUDA backend: every committed fixture through Model on the GPU in f32
 // against its transformers reference (allclose(1e-3, 1e-4) on every forward path, greedy ids equal),
 // in both cache layouts; and CUDA-graph decode bitwise equal to the same steps run without graphs
-// (tokens and the whole KV cache), in f32 and bf16. Skips without a GPU.
+// (tokens and the whole KV cache), greedy and sampling on the device, in f32 and bf16. Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,7 +66,7 @@ struct DecodeRun {
   std::vector<std::vector<uint8_t>> cache;
 };
 
-DecodeRun decode_run(const Engine& engine, const Reference& ref, DType dt, bool graphs, int steps) {
+DecodeRun decode_run(const Engine& engine, const Reference& ref, DType dt, bool graphs, int steps, bool sampled = false) {
   auto be = make_cuda_backend(dt);
   RuntimeOptions rt;
   rt.max_batch = int(ref.rows());
@@ -86,10 +87,21 @@ DecodeRun decode_run(const Engine& engine, const Reference& ref, DType dt, bool 
     next.push_back(int32_t(std::max_element(l, l + m.spec().vocab) - l));
     rows.push_back(int(n));
     at.push_back(len);
+    if (sampled) {  // each row its own settings: top-k on odd rows, all with top-p and the penalty
+      SamplingParams p;
+      p.temperature = 0.8f + 0.1f * float(n);
+      p.top_k = n % 2 ? 40 : 0;
+      p.top_p = 0.9f;
+      p.repetition_penalty = 1.2f;
+      p.seed = 100 + uint64_t(n);
+      std::vector<int32_t> history(ids, ids + len);
+      history.push_back(next.back());
+      m.set_sampling(int(n), p, history);
+    }
   }
   DecodeRun out;
   for (int s = 0; s < steps; ++s) {
-    next = m.decode_greedy(rows, next, at);
+    next = m.decode(rows, next, at);
     out.tokens.push_back(next);
     for (int64_t& a : at) ++a;
   }
@@ -104,6 +116,20 @@ TEST_P(CudaParity, GraphDecodeIsBitwiseDirectDecode) {
     Engine engine = build_engine(dir, BuildOptions{dt});
     const DecodeRun direct = decode_run(engine, ref, dt, false, 12);
     const DecodeRun graph = decode_run(engine, ref, dt, true, 12);
+    EXPECT_EQ(graph.tokens, direct.tokens) << GetParam() << " " << dtype_name(dt);
+    EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " " << dtype_name(dt) << ": KV cache bytes differ";
+  }
+}
+
+// The same with every row sampling on the device: the sampling state lives in buffers the graph
+// reads, so replays draw the same tokens as direct steps.
+TEST_P(CudaParity, GraphSampledDecodeIsBitwiseDirectDecode) {
+  const std::string dir = fixture_dir(GetParam());
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Engine engine = build_engine(dir, BuildOptions{dt});
+    const DecodeRun direct = decode_run(engine, ref, dt, false, 12, true);
+    const DecodeRun graph = decode_run(engine, ref, dt, true, 12, true);
     EXPECT_EQ(graph.tokens, direct.tokens) << GetParam() << " " << dtype_name(dt);
     EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " " << dtype_name(dt) << ": KV cache bytes differ";
   }

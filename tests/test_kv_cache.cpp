@@ -104,7 +104,7 @@ TEST(KvCache, DecodeStepMatchesForward) {
     const float* l = lg.as<float>() + r * lg.shape()[1];
     tok.push_back(int32_t(std::max_element(l, l + lg.shape()[1]) - l));
   }
-  std::vector<int32_t> next = m.decode_greedy({0, 1, 2}, tok, {5, 7, 9});
+  std::vector<int32_t> next = m.decode({0, 1, 2}, tok, {5, 7, 9});
   HostTensor ref = m.forward(Batch{{BatchRow{0, {tok[0]}, 5, {}, false}, BatchRow{1, {tok[1]}, 7, {}, false},
                                     BatchRow{2, {tok[2]}, 9, {}, false}}});
   for (int r = 0; r < 3; ++r) {

@@ -7,7 +7,6 @@
 #include <set>
 
 #include "backend/backend.h"
-#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_helpers.h"
 
@@ -105,34 +104,6 @@ TEST_F(DemoModel, OversizedRequestFailsBeforeCompute) {
   Session s(*model, *tk);
   TextRequest req = request("Once upon a time,", 300);
   test::expect_error([&] { s.generate(req); }, {"capacity is 256"});
-}
-
-TEST(Sampler, GreedyTopKOneAndValidation) {
-  std::vector<float> logits{0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
-  SamplingParams g;
-  EXPECT_EQ(Sampler(g).pick(logits.data(), 5, {}), 1);  // lowest index on ties
-  SamplingParams k1;
-  k1.temperature = 1.0f;
-  k1.top_k = 1;
-  k1.seed = 3;
-  EXPECT_EQ(Sampler(k1).pick(logits.data(), 5, {}), 1);
-  SamplingParams pen;
-  pen.repetition_penalty = 4.0f;  // token 1 was seen: 2.0 / 4 = 0.5 < 2.0 of token 3
-  EXPECT_EQ(Sampler(pen).pick(logits.data(), 5, {1}), 3);
-  SamplingParams minp;
-  minp.temperature = 1.0f;
-  minp.min_p = 0.99f;  // only tokens nearly as likely as the best survive: 1 and 3
-  Sampler s(minp);
-  for (int i = 0; i < 20; ++i) {
-    int32_t t = s.pick(logits.data(), 5, {});
-    EXPECT_TRUE(t == 1 || t == 3) << t;
-  }
-  SamplingParams bad;
-  bad.top_p = 0.0f;
-  test::expect_error([&] { Sampler x(bad); }, {"--top-p"});
-  bad = {};
-  bad.temperature = -1;
-  test::expect_error([&] { Sampler x(bad); }, {"--temperature"});
 }
 
 }  // namespace

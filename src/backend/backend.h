@@ -68,6 +68,27 @@ struct AttentionParams {
   KvLayerView cache;
 };
 
+// One row's sampling settings as the sample op reads them from backend memory.
+struct SampleParams {
+  float temperature = 0.0f;         // <= 0: the argmax after the penalty
+  int32_t top_k = 0;                // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off; relative to the top token's probability
+  float repetition_penalty = 1.0f;  // 1 = off
+  uint64_t seed = 0;
+};
+
+// What the sample op reads and advances, in backend memory, per state row (a cache row for the
+// Model). Logits row i uses state row row[i] (i when row is null); state rows must be distinct within
+// one call. Living in buffers, it can change between replays of a captured graph.
+struct SampleState {
+  const int32_t* row = nullptr;
+  const SampleParams* params = nullptr;  // [state rows]
+  uint32_t* step = nullptr;              // [state rows] draws so far: the position in the seed's stream
+  uint8_t* seen = nullptr;               // [state rows, seen_ld] 1 = token in the row's history; may be null
+  int64_t seen_ld = 0;
+};
+
 // A recorded sequence of ops replayed as one unit (a CUDA graph). Everything that changes between
 // replays must live in backend buffers the ops read, never in the recorded arguments.
 class Graph {
@@ -118,6 +139,10 @@ class Backend {
   virtual void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) = 0;
   // out[i] = argmax_j logits[i, j] (lowest index on ties)
   virtual void argmax(const Mat& logits, int32_t* out) = 0;
+  // out[i] = a token drawn from logits row i by its state row's settings (repetition penalty,
+  // temperature, top-k, min-p, top-p), defined exactly in backend/sampling.h so every backend picks
+  // the same token; then marks it in seen (when given) and advances step.
+  virtual void sample(const Mat& logits, const SampleState& st, int32_t* out) = 0;
   // Widens a matrix into contiguous f32 rows at dst (host memory backends only; others download).
   virtual void to_f32(const Mat& src, float* dst) = 0;
 };

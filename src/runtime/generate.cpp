@@ -38,6 +38,7 @@ HostTensor prefill_row(Model& m, int row, std::span<const int32_t> tokens, int64
 std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
                                      const TokenCallback& on_token) {
   check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
+  m.set_sampling(o.row, SamplingParams{});  // the row may have been left sampling by an earlier request
   HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
   std::vector<int32_t> out;
   int64_t pos = int64_t(prompt.size());
@@ -47,7 +48,7 @@ std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& promp
     if (on_token) on_token(step, step == 0, tok);
     if (int(out.size()) >= o.max_new_tokens) break;
     if (std::find(o.eos_ids.begin(), o.eos_ids.end(), int64_t(tok)) != o.eos_ids.end()) break;
-    tok = m.decode_greedy({o.row}, {tok}, {pos++})[0];  // fixed-shape step, graph-captured where possible
+    tok = m.decode({o.row}, {tok}, {pos++})[0];  // fixed-shape step, graph-captured where possible
   }
   return out;
 }

@@ -101,6 +101,13 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(gathered_, L * size_t(s.hidden) * as);
   ws(logits_, L * size_t(s.vocab) * as);
   ws(next_tokens_, size_t(opt_.max_batch) * sizeof(int32_t));
+  ws(sample_params_, size_t(opt_.max_batch) * sizeof(SampleParams));
+  ws(sample_step_, size_t(opt_.max_batch) * sizeof(uint32_t));
+  ws(sample_seen_, size_t(opt_.max_batch) * size_t(s.vocab));
+  row_sampling_.assign(size_t(opt_.max_batch), SampleParams{});
+  be_.upload(sample_params_.get(), row_sampling_.data(), row_sampling_.size() * sizeof(SampleParams));
+  be_.fill_zero(sample_step_.get(), sample_step_.size());
+  be_.fill_zero(sample_seen_.get(), sample_seen_.size());
   std::vector<float> inv = rope_inv_freq(s);
   ws(inv_freq_, std::max<size_t>(inv.size(), 1) * sizeof(float));
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
@@ -215,17 +222,61 @@ void Model::upload_meta(const Prepared& p) {
   up(out_idx_, p.out_idx);
 }
 
-void Model::decode_body(int64_t n) {
+namespace {
+bool samples(const SampleParams& p) { return p.temperature > 0.0f || p.repetition_penalty != 1.0f; }
+bool same(const SampleParams& a, const SampleParams& b) {
+  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+         a.repetition_penalty == b.repetition_penalty && a.seed == b.seed;
+}
+}  // namespace
+
+void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws) {
+  if (row < 0 || row >= opt_.max_batch)
+    throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(opt_.max_batch) + ")");
+  p.validate();
+  const SampleParams sp = p.to_backend();
+  // The argmax reads neither the counter nor the history; the history only matters with a penalty.
+  std::vector<uint8_t> seen;
+  if (samples(sp) && sp.repetition_penalty != 1.0f) {
+    seen.assign(size_t(spec_.vocab), 0);
+    for (int32_t t : history) {
+      if (t < 0 || t >= spec_.vocab)
+        throw Error("set_sampling: history token id " + std::to_string(t) + " is outside the vocabulary of " +
+                    std::to_string(spec_.vocab));
+      seen[size_t(t)] = 1;
+    }
+  }
+  if (!same(sp, row_sampling_[size_t(row)])) {
+    be_.upload(sample_params_.as<SampleParams>() + row, &sp, sizeof sp);
+    row_sampling_[size_t(row)] = sp;
+  }
+  if (!samples(sp)) return;
+  be_.upload(sample_step_.as<uint32_t>() + row, &draws, sizeof draws);
+  if (!seen.empty())
+    be_.upload(sample_seen_.as<uint8_t>() + size_t(row) * size_t(spec_.vocab), seen.data(), seen.size());
+}
+
+void Model::decode_body(int64_t n, bool sampled) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
   run_layers(n, int(opt_.capacity), int(n));
   Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
   be_.linear(mat(h_.get(), adt, n, spec_.hidden), lm_head_->m, nullptr, lg);
-  be_.argmax(lg, next_tokens_.as<int32_t>());
+  if (!sampled) {
+    be_.argmax(lg, next_tokens_.as<int32_t>());
+    return;
+  }
+  SampleState st;
+  st.row = row_.as<int32_t>();  // one token per row: the token's cache row is the state row
+  st.params = sample_params_.as<SampleParams>();
+  st.step = sample_step_.as<uint32_t>();
+  st.seen = sample_seen_.as<uint8_t>();
+  st.seen_ld = spec_.vocab;
+  be_.sample(lg, st, next_tokens_.as<int32_t>());
 }
 
-std::vector<int32_t> Model::decode_greedy(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
-                                          const std::vector<int64_t>& write_index) {
+std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                                   const std::vector<int64_t>& write_index) {
   const int64_t n = int64_t(tokens.size());
   if (n < 1 || int64_t(write_index.size()) != n || int64_t(rows.size()) != n)
     throw Error("decode: need one cache row and one write index per token, and at least one row");
@@ -234,16 +285,19 @@ std::vector<int32_t> Model::decode_greedy(const std::vector<int>& rows, const st
   Batch b;
   for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
+  bool sampled = false;
+  for (int r : rows) sampled = sampled || samples(row_sampling_[size_t(r)]);
   if (opt_.use_graphs) {
-    auto it = decode_graphs_.find(n);
+    const std::pair<int64_t, bool> key{n, sampled};
+    auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end()) {
-      std::unique_ptr<Graph> g = be_.capture([&] { decode_body(n); });
-      it = decode_graphs_.emplace(n, std::move(g)).first;
+      std::unique_ptr<Graph> g = be_.capture([&] { decode_body(n, sampled); });
+      it = decode_graphs_.emplace(key, std::move(g)).first;
     }
     if (it->second) it->second->replay();
-    else decode_body(n);
+    else decode_body(n, sampled);
   } else {
-    decode_body(n);
+    decode_body(n, sampled);
   }
   std::vector<int32_t> out(static_cast<size_t>(n));
   be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));

@@ -2,8 +2,11 @@
 // the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes through.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -11,6 +14,7 @@
 #include "models/family.h"
 #include "models/layers.h"
 #include "runtime/engine.h"
+#include "runtime/sampler.h"
 
 namespace ingot {
 
@@ -51,12 +55,21 @@ class Model {
   // row is malformed or does not fit (capacity, batch, workspace).
   HostTensor forward(const Batch& batch);
 
-  // The fixed-shape greedy decode step: n distinct cache rows each take one token (tokens[i]) at slot
-  // write_index[i]; returns each row's argmax next token. Rows, tokens and indices go into fixed
-  // buffers that a graph captured once per n reads, so replays need no re-capture. Same results as
-  // forward() followed by an argmax.
-  std::vector<int32_t> decode_greedy(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
-                                     const std::vector<int64_t>& write_index);
+  // The fixed-shape decode step: n distinct cache rows each take one token (tokens[i]) at slot
+  // write_index[i]; returns each row's next token, picked on the device by the row's sampling state
+  // (set_sampling; greedy until set). Rows, tokens and indices go into fixed buffers, and the sampling
+  // state lives in fixed buffers too, so a graph captured once per (n, whether any row samples) serves
+  // every step; only the n tokens come back. Greedy rows give forward()'s argmax; sampling rows give
+  // what a Sampler in the same state picks from forward()'s logits.
+  std::vector<int32_t> decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                              const std::vector<int64_t>& write_index);
+
+  // How decode() picks cache row `row`'s next tokens from now on: the settings, the tokens the
+  // repetition penalty applies to (the prompt and what was generated so far) and the draws already
+  // taken from the seed's stream (a host Sampler's draws(), when it picked the first token). The
+  // settings are uploaded only when they change and the history only when the penalty is on; each
+  // decode() then marks the pick and advances the draw counter on the device.
+  void set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history = {}, uint32_t draws = 0);
 
   const ModelSpec& spec() const { return spec_; }
   Backend& backend() { return be_; }
@@ -77,7 +90,7 @@ class Model {
   Prepared prepare(const Batch& batch) const;
   void run_layers(int64_t T, int max_kv_len, int rows);
   void upload_meta(const Prepared& p);
-  void decode_body(int64_t n);  // the ops of one decode step over n rows, up to the argmax
+  void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
 
   const Engine& engine_;
   Backend& be_;
@@ -100,8 +113,13 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
-  Buffer next_tokens_;  // [max_batch] int32 argmax output of decode steps
-  std::map<int64_t, std::unique_ptr<Graph>> decode_graphs_;  // by row count
+  Buffer next_tokens_;  // [max_batch] int32 picks of decode steps
+  // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
+  Buffer sample_params_;  // [max_batch] SampleParams
+  Buffer sample_step_;    // [max_batch] uint32
+  Buffer sample_seen_;    // [max_batch, vocab] uint8
+  std::vector<SampleParams> row_sampling_;  // what sample_params_ holds
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
   float rope_scale_ = 1.0f;
 };
 

@@ -1,10 +1,14 @@
-// Token choice from a row of logits: greedy, or seeded sampling with temperature, top-k, top-p, min-p
-// and repetition penalty, applied in that order (penalty, temperature, then the filters), as
-// transformers' logits processors do. The same seed and inputs give the same tokens.
+// Token choice from a row of logits already on the host (the first token after a prefill): greedy, or
+// seeded sampling with repetition penalty, temperature, top-k, min-p and top-p, applied in that order
+// (transformers' logits processors' order). It runs the backends' sample op definition
+// (backend/sampling.h) with the same counter-based random stream, so a Sampler after n draws and a
+// device sampling state after n draws pick the same token from the same logits; Model::decode
+// continues the stream on the device from draws().
 #pragma once
 #include <cstdint>
-#include <random>
 #include <vector>
+
+#include "backend/backend.h"
 
 namespace ingot {
 
@@ -17,19 +21,23 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool greedy() const { return temperature <= 0.0f && repetition_penalty == 1.0f; }
   void validate() const;  // throws Error naming the bad setting
+  SampleParams to_backend() const {
+    return SampleParams{temperature, int32_t(top_k), top_p, min_p, repetition_penalty, seed};
+  }
 };
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p.validate(); }
-  // history: the tokens the repetition penalty applies to (prompt and generated so far).
+  explicit Sampler(const SamplingParams& p) : p_(p) { p.validate(); }
+  // history: the tokens the repetition penalty applies to (prompt and generated so far); each distinct
+  // token counts once. Each call takes the next draw of the seed's stream.
   int32_t pick(const float* logits, int64_t vocab, const std::vector<int32_t>& history);
+  uint32_t draws() const { return draws_; }
 
  private:
   SamplingParams p_;
-  std::mt19937_64 rng_;
-  std::vector<float> work_;
-  std::vector<int32_t> idx_;
+  uint32_t draws_ = 0;
+  std::vector<uint8_t> seen_;
 };
 
 }  // namespace ingot

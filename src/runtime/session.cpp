@@ -64,12 +64,15 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   TextResult res;
   res.prompt_tokens = int64_t(req.prompt_ids.size());
   res.prefilled_tokens = int64_t(req.prompt_ids.size() - keep);
+  // The first token comes from the prefill's logits on the host; the device continues the same
+  // random stream from there, with the prompt and that token as the penalty's history.
   Sampler sampler(req.sampling);
   std::vector<int32_t> history = req.prompt_ids;
   HostTensor logits = prefill_row(m_, row_, std::span<const int32_t>(req.prompt_ids).subspan(keep), int64_t(keep));
   cached_ = req.prompt_ids;
-  const int64_t V = m_.spec().vocab;
-  int32_t tok = sampler.pick(logits.as<float>(), V, history);
+  int32_t tok = sampler.pick(logits.as<float>(), m_.spec().vocab, history);
+  history.push_back(tok);
+  m_.set_sampling(row_, req.sampling, history, sampler.draws());
   res.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto t1 = Clock::now();
 
@@ -83,7 +86,6 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   res.stop_reason = "length";
   for (;;) {
     res.ids.push_back(tok);
-    history.push_back(tok);
     if (std::find(req.eos_ids.begin(), req.eos_ids.end(), tok) != req.eos_ids.end()) {
       res.stop_reason = "eos";
       if (on_token) on_token(tok);
@@ -98,14 +100,8 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
     }
     if (int(res.ids.size()) >= req.max_new_tokens) break;
     const int64_t slot = int64_t(cached_.size());
-    if (req.sampling.greedy()) {
-      tok = m_.decode_greedy({row_}, {tok}, {slot})[0];
-      cached_.push_back(res.ids.back());
-    } else {
-      logits = m_.forward(Batch{{BatchRow{row_, {tok}, slot, {}, false}}});
-      cached_.push_back(res.ids.back());
-      tok = sampler.pick(logits.as<float>(), V, history);
-    }
+    tok = m_.decode({row_}, {tok}, {slot})[0];  // one graph replay; only the token comes back
+    cached_.push_back(res.ids.back());
   }
   if (res.stop_reason != "stop_string") {
     bool hit = false;

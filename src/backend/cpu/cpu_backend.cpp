@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sampling.h"
 #include "core/error.h"
 
 namespace ingot {
@@ -271,6 +272,20 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
+    require_f32(logits, "sample");
+    // Rows are independent (distinct state rows), so splitting them over threads changes nothing.
+#pragma omp parallel for num_threads(threads_) schedule(dynamic) if (logits.rows > 1 && logits.rows * logits.cols >= kParallelWork)
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const int64_t sr = st.row ? st.row[r] : r;
+      uint8_t* seen = st.seen ? st.seen + sr * st.seen_ld : nullptr;
+      const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, st.step[sr]);
+      out[r] = t;
+      if (seen) seen[t] = 1;
+      ++st.step[sr];
+    }
+  }
+
   void to_f32(const Mat& src, float* dst) override {
     for (int64_t r = 0; r < src.rows; ++r) row_to_f32(row_ptr(src, r), src.dtype, dst + r * src.cols, src.cols);
   }
@@ -280,6 +295,71 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+namespace sampling {
+
+int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, uint32_t step) {
+  const float inv_temp = inverse_temperature(p.temperature);
+  const bool penalised = seen && p.repetition_penalty != 1.0f;
+  thread_local std::vector<float> s;
+  s.resize(size_t(V));
+  uint64_t best = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
+    best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
+  }
+  const int32_t top = composite_id(best);
+  if (!(p.temperature > 0.0f)) return top;
+
+  // Only candidates within reach of the top can weigh anything; they are a prefix of the order, so
+  // leaving the rest out changes no sum, no cut and no draw.
+  const float m = s[size_t(top)];
+  struct Cand {
+    uint64_t c;
+    float w;
+    uint64_t W;
+  };
+  thread_local std::vector<Cand> cand;
+  cand.clear();
+  for (int64_t i = 0; i < V; ++i) {
+    if (!in_reach(s[size_t(i)], m)) continue;
+    const float w = weight(s[size_t(i)], m);
+    cand.push_back({composite(order_key(s[size_t(i)]), uint32_t(i)), w, fixed(w)});
+  }
+  size_t keep = cand.size();
+  if (p.top_k > 0 && size_t(p.top_k) < keep) keep = size_t(p.top_k);
+  std::partial_sort(cand.begin(), cand.begin() + long(keep), cand.end(),
+                    [](const Cand& a, const Cand& b) { return a.c > b.c; });
+  uint64_t total = 0;
+  for (size_t j = 0; j < keep; ++j) total += cand[j].W;
+  if (p.min_p > 0.0f) {
+    size_t j = 1;
+    while (j < keep && cand[j].w >= p.min_p) ++j;
+    keep = std::min(keep, j);
+  }
+  uint64_t mass = 0;
+  for (size_t j = 0; j < keep; ++j) mass += cand[j].W;
+  if (p.top_p < 1.0f) {
+    const uint64_t target = top_p_target(p.top_p, total);
+    if (target >= 1 && target <= mass) {
+      uint64_t acc = 0;
+      size_t j = 0;
+      while (acc < target) acc += cand[j++].W;
+      keep = j;
+      mass = acc;
+    }
+  }
+  if (mass == 0) return top;
+  const uint64_t r = mulhi64(random_bits(p.seed, step), mass);
+  uint64_t acc = 0;
+  for (size_t j = 0; j < keep; ++j) {
+    acc += cand[j].W;
+    if (acc > r) return composite_id(cand[j].c);
+  }
+  return top;  // not reached: r < mass
+}
+
+}  // namespace sampling
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 

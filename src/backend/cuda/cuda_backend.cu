@@ -404,6 +404,10 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "argmax " + shape(logits); }, stream_->get());
     launch_argmax(logits, out, argmax_, stream_->get());
   }
+  void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
+    auto _ = prof_.scope([&] { return "sample " + shape(logits); }, stream_->get());
+    launch_sample(logits, st, out, stream_->get());
+  }
   void to_f32(const Mat& src, float* dst) override {
     const size_t es = dtype_size(src.dtype);
     std::vector<uint8_t> raw(size_t(src.cols) * es);

@@ -115,6 +115,8 @@ bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
+// The sample op (sample.cu): one block per row, state in st's buffers, no scratch.
+void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s);
 // y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
 // suit it (the caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);

@@ -1,0 +1,292 @@
+// The sample op on the GPU: one block per logits row, no sort. Every step of backend/sampling.h is a
+// pass over the row's logits (scores are recomputed from them each pass, so no scratch is needed):
+// the top candidate is a block max of the 64-bit candidate keys; top-k, top-p and the draw are radix
+// selections over those keys (histograms of 11-bit digits from the top, counting candidates or summing
+// their fixed-point weights); totals are block sums. Sums are integers, so the order in which threads
+// add them cannot change them, and the pick equals the CPU reference's bit for bit.
+#include <cfloat>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/sampling.h"
+
+namespace ingot::cuda {
+namespace {
+
+namespace sp = ingot::sampling;
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kDigitBits = 11;
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kBinsPerLane = kBins / 32;
+
+struct SampleArgs {
+  const void* logits;
+  int64_t ld;
+  uint32_t vocab;
+  SampleState st;
+  int32_t* out;
+};
+
+struct Shared {
+  unsigned long long weight[kBins];  // per digit: summed fixed-point weight (weighted selections)
+  unsigned int count[kBins];         // per digit: candidates (counted selections) or those of nonzero weight
+  unsigned long long red[kWarps];    // block reductions
+  unsigned long long pick_rest, pick_above;
+  int pick_digit;
+  int found;
+};
+
+// One row as every pass sees it.
+template <typename T>
+struct Row {
+  const T* logits;
+  const uint8_t* seen;  // null when no penalty applies
+  float penalty, inv_temp;
+  float top;  // score of the top candidate
+  uint32_t vocab;
+
+  __device__ __forceinline__ float score_at(uint32_t j) const {
+    return sp::score(to_f(logits[j]), seen != nullptr && seen[j] != 0, penalty, inv_temp);
+  }
+};
+
+__device__ __forceinline__ unsigned long long block_sum(unsigned long long v, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // an earlier reduction's result has been read by every thread
+  if ((threadIdx.x & 31) == 0) sh.red[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kWarps ? sh.red[threadIdx.x] : 0ull;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh.red[0] = v;
+  }
+  __syncthreads();
+  return sh.red[0];
+}
+
+__device__ __forceinline__ unsigned long long block_max(unsigned long long v, Shared& sh) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.red[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kWarps ? sh.red[threadIdx.x] : 0ull;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) sh.red[0] = v;
+  }
+  __syncthreads();
+  return sh.red[0];
+}
+
+struct Selected {
+  uint64_t bound;  // the candidates >= max(lo, bound) are the selected prefix
+  uint64_t mass;   // their summed weight (weighted selections)
+  int shift;       // bits of bound below the resolved digits (0: the element itself; 64: target unreachable)
+};
+
+// Among the candidates with key >= lo, in descending order, finds the first at which the running
+// count (weighted = false) or running fixed-point weight (weighted = true) reaches target; the caller
+// guarantees 1 <= target <= that set's count or weight. Digits are resolved from the top until the
+// bucket holding it is settled: a counted selection stops when the whole bucket is needed, a weighted
+// one when the bucket holds a single candidate of nonzero weight (the others in it weigh nothing, so
+// taking them along changes no sum and no draw).
+template <typename T>
+__device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool weighted, Shared& sh) {
+  uint64_t prefix = 0, above = 0;
+  for (int top_bit = 64;;) {
+    const int width = min(kDigitBits, top_bit);
+    const int shift = top_bit - width;
+    const uint64_t digit_mask = (1ull << width) - 1;
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      sh.weight[b] = 0;
+      sh.count[b] = 0;
+    }
+    __syncthreads();
+    // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
+    // candidate on its own would serialise the threads on a handful of counters.
+    int run = -1;
+    unsigned long long run_weight = 0;
+    unsigned int run_count = 0;
+    for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+      const float s = row.score_at(j);
+      const uint64_t c = sp::composite(sp::order_key(s), j);
+      if (c < lo || (top_bit < 64 && (c >> top_bit) != (prefix >> top_bit))) continue;
+      uint64_t w = 1;
+      if (weighted) {
+        w = sp::fixed(sp::weight(s, row.top));
+        if (w == 0) continue;
+      }
+      const int d = int((c >> shift) & digit_mask);
+      if (d != run) {
+        if (run >= 0) {
+          atomicAdd(&sh.weight[run], run_weight);
+          atomicAdd(&sh.count[run], run_count);
+        }
+        run = d;
+        run_weight = 0;
+        run_count = 0;
+      }
+      run_weight += w;
+      ++run_count;
+    }
+    if (run >= 0) {
+      atomicAdd(&sh.weight[run], run_weight);
+      atomicAdd(&sh.count[run], run_count);
+    }
+    __syncthreads();
+    // Warp 0 walks the digits from the highest: lane L holds digits kBins-1-L*64 down to kBins-64-L*64.
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      auto value = [&](int d) -> uint64_t { return weighted ? sh.weight[d] : sh.count[d]; };
+      uint64_t sum = 0;
+      for (int i = 0; i < kBinsPerLane; ++i) sum += value(kBins - 1 - lane * kBinsPerLane - i);
+      uint64_t incl = sum;
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned reached = __ballot_sync(0xffffffffu, incl >= target);
+      // Unreachable targets (excluded by the callers) take the whole set rather than reading garbage.
+      if (reached == 0) {
+        if (lane == 0) sh.pick_digit = -1;
+      } else if (lane == __ffs(reached) - 1) {
+        uint64_t rest = target - (incl - sum);
+        int d = kBins - 1 - lane * kBinsPerLane;
+        for (int i = 0; i < kBinsPerLane - 1 && rest > value(d); ++i, --d) rest -= value(d);
+        sh.pick_digit = d;
+        sh.pick_rest = rest;
+      }
+    }
+    __syncthreads();
+    const int d = sh.pick_digit;
+    if (d < 0) return {lo, 0, 64};
+    const uint64_t rest = sh.pick_rest;
+    const uint64_t bucket_weight = sh.weight[d];
+    const unsigned int bucket_count = sh.count[d];
+    __syncthreads();  // every thread has read the bins before the next level clears them
+    above += target - rest;
+    target = rest;
+    prefix |= uint64_t(d) << shift;
+    const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
+    if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
+    top_bit = shift;
+  }
+}
+
+// The token of a weighted selection: the bound itself when resolved to the last bit, otherwise the one
+// candidate of nonzero weight under it.
+template <typename T>
+__device__ int32_t selected_token(const Row<T>& row, uint64_t lo, const Selected& sel, Shared& sh) {
+  if (sel.shift == 0) return sp::composite_id(sel.bound);
+  if (threadIdx.x == 0) sh.found = -1;
+  __syncthreads();
+  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+    const float s = row.score_at(j);
+    const uint64_t c = sp::composite(sp::order_key(s), j);
+    if (c >= lo && (c >> sel.shift) == (sel.bound >> sel.shift) && sp::fixed(sp::weight(s, row.top)) != 0)
+      sh.found = int(j);
+  }
+  __syncthreads();
+  return sh.found;
+}
+
+// Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`.
+template <typename T>
+__device__ int32_t draw(const Row<T>& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh) {
+  uint64_t lo = 0;
+  if (p.top_k > 0 && uint32_t(p.top_k) < row.vocab) lo = select(row, 0, uint64_t(p.top_k), false, sh).bound;
+
+  // The top-k set's total weight, and the min-p cut: the highest candidate after the top below min_p.
+  unsigned long long total = 0, cut = 0;
+  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+    const float s = row.score_at(j);
+    const uint64_t c = sp::composite(sp::order_key(s), j);
+    if (c < lo) continue;
+    const float w = sp::weight(s, row.top);
+    total += sp::fixed(w);
+    if (p.min_p > 0.0f && c != best && w < p.min_p) cut = max(cut, (unsigned long long)c);
+  }
+  total = block_sum(total, sh);
+  uint64_t mass = total;
+  if (p.min_p > 0.0f) {
+    cut = block_max(cut, sh);
+    if (cut != 0) {
+      lo = max(lo, uint64_t(cut) + 1);
+      unsigned long long kept = 0;
+      for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+        const float s = row.score_at(j);
+        if (sp::composite(sp::order_key(s), j) >= lo) kept += sp::fixed(sp::weight(s, row.top));
+      }
+      mass = block_sum(kept, sh);
+    }
+  }
+  if (p.top_p < 1.0f) {
+    const uint64_t target = sp::top_p_target(p.top_p, total);
+    if (target >= 1 && target <= mass) {
+      const Selected sel = select(row, lo, target, true, sh);
+      if (sel.shift < 64) {
+        lo = max(lo, sel.bound);
+        mass = sel.mass;
+      }
+    }
+  }
+  if (mass == 0) return sp::composite_id(best);
+  const uint64_t r = sp::mulhi64(sp::random_bits(p.seed, step), mass);
+  const Selected sel = select(row, lo, r + 1, true, sh);
+  if (sel.shift >= 64) return sp::composite_id(best);  // not reached: r < mass
+  return selected_token(row, lo, sel, sh);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ Shared sh;
+  const int r = blockIdx.x;
+  const int sr = a.st.row ? a.st.row[r] : r;
+  const SampleParams p = a.st.params[sr];
+  const uint32_t step = a.st.step[sr];
+  uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
+  Row<T> row;
+  row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
+  row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
+  row.penalty = p.repetition_penalty;
+  row.inv_temp = sp::inverse_temperature(p.temperature);
+  row.vocab = a.vocab;
+  row.top = 0.0f;
+
+  unsigned long long best = 0;
+  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads)
+    best = max(best, (unsigned long long)sp::composite(sp::order_key(row.score_at(j)), j));
+  best = block_max(best, sh);
+  int32_t pick = sp::composite_id(best);
+  if (p.temperature > 0.0f) {
+    row.top = row.score_at(uint32_t(pick));
+    pick = draw(row, p, step, best, sh);
+  }
+  // Every thread is past its last read of seen (each pass ends in a barrier).
+  if (threadIdx.x == 0) {
+    a.out[r] = pick;
+    if (seen) seen[pick] = 1;
+    a.st.step[sr] = step + 1;
+  }
+}
+
+}  // namespace
+
+void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s) {
+  if (logits.rows == 0) return;
+  if (!st.params || !st.step) throw Error("cuda backend: sample needs the per-row settings and draw counters");
+  if (logits.cols < 1 || logits.cols > INT32_MAX)
+    throw Error("cuda backend: sample over a vocabulary of " + std::to_string(logits.cols) +
+                " tokens (1 to 2^31 - 1 supported)");
+  if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), st, out};
+  dispatch(logits.dtype, "sample", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    launch("sample_kernel", sample_kernel<T>, dim3(unsigned(logits.rows)), dim3(kThreads), 0, s, a);
+  });
+}
+
+}  // namespace ingot::cuda

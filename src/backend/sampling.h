@@ -1,0 +1,216 @@
+// The exact definition of the backends' `sample` op, shared by the CPU reference
+// (src/backend/cpu/cpu_backend.cpp) and the CUDA kernel (src/backend/cuda/sample.cu): the random
+// stream, the score of a logit, the order of candidates and the fixed-point weights. Written by us
+// (Philox4x32-10 from its published description, Salmon et al., SC11); no library offers a counter
+// RNG that both g++ and nvcc compile to the same bits.
+//
+// Both sides must pick the same token for the same logits and state, so every float step here is one
+// explicitly rounded IEEE operation that no compiler may fuse or reorder (g++ contracts a*b+c into an
+// FMA under -std=gnu++20, nvcc does under -fmad=true), the exponential is our own polynomial rather
+// than a libm whose last bit differs between the two, and sums of probability are exact integer sums
+// of fixed-point weights, so the order in which a GPU reduces them cannot change them.
+//
+// One row, logits l[0, V), settings p, seen[i] (the token is in the row's history), draw counter step:
+//  1. s_i = score(l_i, seen_i): the repetition penalty divides positive logits and multiplies negative
+//     ones of seen tokens, then s_i = s_i * (1 / temperature).
+//  2. Candidates are ordered by s descending, ties by lower id: `composite(order_key(s_i), i)`
+//     descending. temperature <= 0: the first candidate (the argmax after the penalty).
+//  3. top = the first candidate, m = its score; w_i = weight(s_i, m) in [0, 1] (1 at the top, 0 more
+//     than 32 below it); W_i = fixed(w_i) = floor(w_i * 2^40).
+//  4. top-k: keep the first min(top_k, V) candidates (all when top_k = 0); total = sum of their W.
+//  5. min-p: cut before the first kept candidate after the top with w < min_p (relative to the top,
+//     whose w is 1).
+//  6. top-p: the shortest prefix of what is kept whose running W reaches top_p_target(top_p, total),
+//     or all that is kept when it never does.
+//  7. mass = the kept W; 0 (a row of NaNs) gives the top. Otherwise r = mulhi(random_bits(seed,
+//     step), mass), uniform in [0, mass), and the pick is the first kept candidate whose running W
+//     exceeds r (the inverse CDF in candidate order).
+// The op then marks the pick in seen and advances step.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/backend.h"
+
+#if defined(__CUDACC__)
+#define INGOT_HD __host__ __device__ __forceinline__
+#else
+#define INGOT_HD inline
+#endif
+
+namespace ingot::sampling {
+
+// ---- Philox4x32-10 ----------------------------------------------------------------------------
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+INGOT_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {  // the key schedule: Weyl increments between rounds
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c.v[0];
+    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c.v[2];
+    c = Philox4{{uint32_t(p1 >> 32) ^ c.v[1] ^ k0, uint32_t(p1), uint32_t(p0 >> 32) ^ c.v[3] ^ k1, uint32_t(p0)}};
+  }
+  return c;
+}
+
+// 64 random bits of draw `step` of the stream `seed`: counter (step, 0, 0, 0), key = the seed.
+INGOT_HD uint64_t random_bits(uint64_t seed, uint32_t step) {
+  const Philox4 o = philox4x32_10(Philox4{{step, 0u, 0u, 0u}}, uint32_t(seed), uint32_t(seed >> 32));
+  return (uint64_t(o.v[1]) << 32) | o.v[0];
+}
+
+// The high 64 bits of a * b: maps 64 random bits onto [0, b) without modulo bias worth noticing.
+INGOT_HD uint64_t mulhi64(uint64_t a, uint64_t b) {
+#ifdef __CUDA_ARCH__
+  return __umul64hi(a, b);
+#else
+  return uint64_t((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
+// ---- explicitly rounded float steps -----------------------------------------------------------
+
+INGOT_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);  // never contracted into an FMA
+#else
+  float p = a * b;
+  __asm__("" : "+x"(p));  // the product is materialised: g++ cannot fuse it into a later add
+  return p;
+#endif
+}
+INGOT_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+INGOT_HD float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+INGOT_HD float fma_rn(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+INGOT_HD float rint_rn(float x) {
+#ifdef __CUDA_ARCH__
+  return rintf(x);
+#else
+  return std::nearbyint(x);  // round half to even, the default mode
+#endif
+}
+
+INGOT_HD uint32_t bits_of(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+INGOT_HD float float_of(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// ---- scores, order, weights -------------------------------------------------------------------
+
+// 1 / temperature, or 1 when the row takes the argmax (the scores are then only penalised).
+INGOT_HD float inverse_temperature(float temperature) {
+  return temperature > 0.0f ? div_rn(1.0f, temperature) : 1.0f;
+}
+
+INGOT_HD float score(float logit, bool seen, float penalty, float inv_temp) {
+  float s = logit;
+  if (seen) s = s > 0.0f ? div_rn(s, penalty) : mul_rn(s, penalty);
+  return mul_rn(s, inv_temp);
+}
+
+// A key whose unsigned order is the scores' order: NaN lowest, -0 equal to +0.
+INGOT_HD uint32_t order_key(float s) {
+  if (s != s) return 0;
+  uint32_t u = bits_of(s);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Candidate order as one integer: score key high, id low (inverted, so lower ids rank higher).
+// Distinct for distinct ids, and never 0 for a real token, so 0 can mean "none".
+INGOT_HD uint64_t composite(uint32_t key, uint32_t id) { return (uint64_t(key) << 32) | (0xFFFFFFFFu - id); }
+INGOT_HD int32_t composite_id(uint64_t c) { return int32_t(0xFFFFFFFFu - uint32_t(c)); }
+
+// Scores more than this far below the top weigh zero; within it exp() is at least e^-32 and the
+// fixed-point weight below takes care of the rest. A score is within reach iff it is the top's or no
+// more than 32 below it: an upper set of the candidate order.
+constexpr float kReach = 32.0f;
+INGOT_HD bool in_reach(float s, float top) { return s == top || sub_rn(s, top) >= -kReach; }
+
+// exp(d) for d in [-32, 0): d = k ln2 + r with |r| <= ln2 / 2 (ln2 split in two so k ln2 is exact),
+// a degree-7 Taylor polynomial for exp(r) (truncation error below 6e-9 relative), times 2^k built from
+// its bits (k in [-47, 0], so the result stays normal).
+INGOT_HD float exp_nonpositive(float d) {
+  const float k = rint_rn(mul_rn(d, 1.44269504088896341f));
+  float r = fma_rn(k, -0.693145751953125f, d);
+  r = fma_rn(k, -1.428606765330187045e-06f, r);
+  float p = 1.0f / 5040.0f;
+  p = fma_rn(p, r, 1.0f / 720.0f);
+  p = fma_rn(p, r, 1.0f / 120.0f);
+  p = fma_rn(p, r, 1.0f / 24.0f);
+  p = fma_rn(p, r, 1.0f / 6.0f);
+  p = fma_rn(p, r, 0.5f);
+  p = fma_rn(p, r, 1.0f);
+  p = fma_rn(p, r, 1.0f);
+  return mul_rn(p, float_of(uint32_t(int32_t(k) + 127) << 23));
+}
+
+// exp(s - top), exactly 1 at the top and 0 out of reach.
+INGOT_HD float weight(float s, float top) {
+  if (s == top) return 1.0f;
+  const float d = sub_rn(s, top);
+  return d >= -kReach ? exp_nonpositive(d) : 0.0f;
+}
+
+// The fixed-point weight: floor(w * 2^40). Sums over any vocabulary below 2^24 tokens fit 64 bits.
+INGOT_HD uint64_t fixed(float w) { return uint64_t(mul_rn(w, 0x1p40f)); }
+
+// The running weight top-p must reach: ceil(top_p * total), never above total.
+INGOT_HD uint64_t top_p_target(float top_p, uint64_t total) {
+#ifdef __CUDA_ARCH__
+  const double t = ceil(__dmul_rn(double(top_p), double(total)));
+#else
+  double t = double(top_p) * double(total);
+  __asm__("" : "+x"(t));
+  t = std::ceil(t);
+#endif
+  const uint64_t v = uint64_t(t);
+  return v < total ? v : total;
+}
+
+// ---- the reference ----------------------------------------------------------------------------
+
+// One row through steps 1-7 on the host: f32 logits of `vocab` tokens, seen (null: nothing seen) of
+// `vocab` flags, the row's draw counter. Neither marks seen nor advances step (the op does).
+int32_t sample_row(const float* logits, int64_t vocab, const SampleParams& p, const uint8_t* seen, uint32_t step);
+
+}  // namespace ingot::sampling

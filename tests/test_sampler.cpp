@@ -1,0 +1,323 @@
+// Sampling on the CPU, the reference every backend's sample op is held to (backend/sampling.h): the
+// Philox stream against its published known answers, reproducibility by seed, the draw's distribution,
+// exactly which tokens top-k, top-p and min-p keep (ties included), the repetition penalty once per
+// distinct token, the CPU backend's sample op (state rows, seen marks, draw counters) and Model::decode
+// sampling from its device state exactly as a host Sampler does from forward()'s logits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/sampling.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "test_helpers.h"
+
+namespace ingot {
+namespace {
+
+TEST(Philox, KnownAnswers) {
+  // Random123's kat_vectors, the three philox4x32 10 lines: counter, key, result.
+  struct Kat {
+    sampling::Philox4 ctr;
+    uint32_t k0, k1;
+    sampling::Philox4 want;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Kat& k : kats) {
+    const sampling::Philox4 got = sampling::philox4x32_10(k.ctr, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], k.want.v[i]) << "word " << i;
+  }
+}
+
+TEST(Sampling, WeightsAndOrder) {
+  using namespace sampling;
+  EXPECT_EQ(weight(3.5f, 3.5f), 1.0f);
+  EXPECT_EQ(fixed(1.0f), uint64_t(1) << 40);
+  EXPECT_EQ(weight(-40.0f, 0.0f), 0.0f);  // out of reach
+  for (float d : {-0.001f, -0.3466f, -0.5f, -1.0f, -7.25f, -20.0f, -31.9f})
+    EXPECT_NEAR(weight(d, 0.0f), std::exp(double(d)), 2e-7 * std::exp(double(d))) << d;
+  // The order: higher score first, then lower id; -0 ties +0; NaN below -inf.
+  EXPECT_GT(composite(order_key(1.0f), 7), composite(order_key(0.5f), 0));
+  EXPECT_GT(composite(order_key(1.0f), 3), composite(order_key(1.0f), 7));
+  EXPECT_EQ(order_key(-0.0f), order_key(0.0f));
+  EXPECT_GT(order_key(-INFINITY), order_key(NAN));
+  EXPECT_GT(order_key(-1.0f), order_key(-2.0f));
+  EXPECT_EQ(composite_id(composite(order_key(2.0f), 151935)), 151935);
+  EXPECT_EQ(top_p_target(0.5f, 10), 5u);
+  EXPECT_EQ(top_p_target(0.51f, 10), 6u);
+}
+
+SamplingParams temp(float t, uint64_t seed = 1) {
+  SamplingParams p;
+  p.temperature = t;
+  p.seed = seed;
+  return p;
+}
+
+// The tokens `p` ever picks from `logits` over many draws.
+std::set<int32_t> picked(const std::vector<float>& logits, const SamplingParams& p, int draws = 4000) {
+  Sampler s(p);
+  std::set<int32_t> out;
+  for (int i = 0; i < draws; ++i) out.insert(s.pick(logits.data(), int64_t(logits.size()), {}));
+  return out;
+}
+
+std::vector<float> log_of(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+TEST(Sampler, SameSeedSameTokens) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits(1000);
+  for (float& x : logits) x = nd(rng);
+  SamplingParams p = temp(0.8f, 42);
+  p.top_p = 0.95f;
+  p.repetition_penalty = 1.2f;
+  auto run = [&](const SamplingParams& q) {
+    Sampler s(q);
+    std::vector<int32_t> hist, out;
+    for (int i = 0; i < 60; ++i) {
+      out.push_back(s.pick(logits.data(), int64_t(logits.size()), hist));
+      hist.push_back(out.back());
+    }
+    return out;
+  };
+  const std::vector<int32_t> a = run(p);
+  EXPECT_EQ(a, run(p));
+  SamplingParams other = p;
+  other.seed = 43;
+  EXPECT_NE(a, run(other));
+}
+
+TEST(Sampler, DrawsFollowTheSoftmax) {
+  const std::vector<float> logits = {1.0f, 0.2f, -0.5f};
+  for (float t : {1.0f, 0.5f}) {
+    Sampler s(temp(t, 7));
+    const int n = 20000;
+    std::vector<int> count(3);
+    for (int i = 0; i < n; ++i) ++count[size_t(s.pick(logits.data(), 3, {}))];
+    double z = 0;
+    for (float l : logits) z += std::exp(double(l) / t);
+    for (size_t i = 0; i < 3; ++i) {
+      const double want = std::exp(double(logits[i]) / t) / z;
+      EXPECT_NEAR(double(count[i]) / n, want, 0.01) << "token " << i << " at temperature " << t;
+    }
+  }
+}
+
+TEST(Sampler, GreedyTopKOneAndValidation) {
+  std::vector<float> logits{0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
+  SamplingParams g;
+  EXPECT_EQ(Sampler(g).pick(logits.data(), 5, {}), 1);  // lowest index on ties
+  SamplingParams k1;
+  k1.temperature = 1.0f;
+  k1.top_k = 1;
+  k1.seed = 3;
+  EXPECT_EQ(Sampler(k1).pick(logits.data(), 5, {}), 1);
+  SamplingParams pen;
+  pen.repetition_penalty = 4.0f;  // token 1 was seen: 2.0 / 4 = 0.5 < 2.0 of token 3
+  EXPECT_EQ(Sampler(pen).pick(logits.data(), 5, {1}), 3);
+  SamplingParams bad;
+  bad.top_p = 0.0f;
+  test::expect_error([&] { Sampler x(bad); }, {"--top-p"});
+  bad = {};
+  bad.temperature = -1;
+  test::expect_error([&] { Sampler x(bad); }, {"--temperature"});
+  bad = {};
+  bad.min_p = 1.0f;
+  test::expect_error([&] { Sampler x(bad); }, {"--min-p"});
+  bad = {};
+  bad.repetition_penalty = 0.0f;
+  test::expect_error([&] { Sampler x(bad); }, {"--repetition-penalty"});
+}
+
+TEST(Sampler, TopKKeepsTheKBestWithTiesByLowerId) {
+  // Order: 1, 2, 4 (tied at 5), 6, 0, 3, 5.
+  const std::vector<float> logits = {3, 5, 5, 1, 5, 0, 4};
+  auto with_k = [](int k) {
+    SamplingParams p = temp(4.0f);
+    p.top_k = k;
+    return p;
+  };
+  EXPECT_EQ(picked(logits, with_k(1)), (std::set<int32_t>{1}));
+  EXPECT_EQ(picked(logits, with_k(2)), (std::set<int32_t>{1, 2}));
+  EXPECT_EQ(picked(logits, with_k(3)), (std::set<int32_t>{1, 2, 4}));
+  EXPECT_EQ(picked(logits, with_k(4)), (std::set<int32_t>{1, 2, 4, 6}));
+  EXPECT_EQ(picked(logits, with_k(0)), (std::set<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(picked(logits, with_k(100)), (std::set<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(Sampler, TopPKeepsTheShortestPrefixReachingP) {
+  // Probabilities 0.5 (id 1), 0.3 (id 3), 0.15 (id 2), 0.05 (id 0).
+  const std::vector<float> logits = log_of({0.05, 0.5, 0.15, 0.3});
+  auto with_p = [](float p) {
+    SamplingParams s = temp(1.0f);
+    s.top_p = p;
+    return s;
+  };
+  EXPECT_EQ(picked(logits, with_p(0.45f)), (std::set<int32_t>{1}));
+  EXPECT_EQ(picked(logits, with_p(0.75f)), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(picked(logits, with_p(0.81f)), (std::set<int32_t>{1, 3, 2}));
+  EXPECT_EQ(picked(logits, with_p(0.97f)), (std::set<int32_t>{0, 1, 2, 3}));
+  // The cut inside a tie: 0.4 (id 2), then 0.2 at ids 0, 3 and 4 in that order; 0.5 needs one of
+  // them, the lowest id; 0.7 two.
+  const std::vector<float> tied = log_of({0.2, 1e-9, 0.4, 0.2, 0.2});
+  EXPECT_EQ(picked(tied, with_p(0.5f)), (std::set<int32_t>{0, 2}));
+  EXPECT_EQ(picked(tied, with_p(0.7f)), (std::set<int32_t>{0, 2, 3}));
+  // top-p measures mass within the top-k set: with top-k 2 the top alone holds 0.4 / 0.6 = 0.67.
+  SamplingParams kp = with_p(0.65f);
+  EXPECT_EQ(picked(tied, kp), (std::set<int32_t>{0, 2, 3}));
+  kp.top_k = 2;
+  EXPECT_EQ(picked(tied, kp), (std::set<int32_t>{2}));
+  kp.top_p = 0.7f;
+  EXPECT_EQ(picked(tied, kp), (std::set<int32_t>{0, 2}));
+}
+
+TEST(Sampler, MinPKeepsTokensNearTheTop) {
+  // Weights relative to the top: 1 (id 2), 0.61 (id 0), 0.37 (ids 1 and 4, tied), 0.05 (id 3).
+  const std::vector<float> logits = {-0.5f, -1.0f, 0.0f, -3.0f, -1.0f};
+  auto with_min = [](float m) {
+    SamplingParams s = temp(1.0f);
+    s.min_p = m;
+    return s;
+  };
+  EXPECT_EQ(picked(logits, with_min(0.7f)), (std::set<int32_t>{2}));
+  EXPECT_EQ(picked(logits, with_min(0.5f)), (std::set<int32_t>{0, 2}));
+  EXPECT_EQ(picked(logits, with_min(0.3f)), (std::set<int32_t>{0, 1, 2, 4}));
+  EXPECT_EQ(picked(logits, with_min(0.01f)), (std::set<int32_t>{0, 1, 2, 3, 4}));
+  // min-p after top-k: only the kept tokens are looked at.
+  SamplingParams km = with_min(0.3f);
+  km.top_k = 3;
+  EXPECT_EQ(picked(logits, km), (std::set<int32_t>{0, 1, 2}));
+  // Temperature first: at 0.5 the weights square, 0.61 -> 0.37, below 0.5.
+  SamplingParams tm = with_min(0.5f);
+  tm.temperature = 0.5f;
+  EXPECT_EQ(picked(logits, tm), (std::set<int32_t>{2}));
+}
+
+TEST(Sampler, PenaltyAppliesOncePerDistinctToken) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  // Positive logits are divided: 4 / 2 = 2 still beats 1.5; applied three times (0.5) it would not.
+  const std::vector<float> pos = {4.0f, 1.5f, -1.0f};
+  EXPECT_EQ(Sampler(p).pick(pos.data(), 3, {0, 0, 0}), 0);
+  // ...and without the penalty 4 > 1.5 too, so also check it applies: 4 / 2 = 2 < 3.
+  const std::vector<float> pos2 = {4.0f, 3.0f};
+  EXPECT_EQ(Sampler(p).pick(pos2.data(), 2, {0, 0}), 1);
+  // Negative logits are multiplied: -1 * 2 = -2 still beats -2.5; twice (-4) it would not.
+  const std::vector<float> neg = {-1.0f, -2.5f, -9.0f};
+  EXPECT_EQ(Sampler(p).pick(neg.data(), 3, {0, 0}), 0);
+  const std::vector<float> neg2 = {-1.0f, -1.5f};
+  EXPECT_EQ(Sampler(p).pick(neg2.data(), 2, {0}), 1);
+}
+
+TEST(Sampler, ARowOfNaNsGivesTheFirstToken) {
+  const std::vector<float> nan(5, NAN);
+  EXPECT_EQ(Sampler(temp(1.0f)).pick(nan.data(), 5, {}), 0);
+  EXPECT_EQ(Sampler(SamplingParams{}).pick(nan.data(), 5, {}), 0);
+}
+
+TEST(CpuSampleOp, StateRowsSeenMarksAndDrawCounters) {
+  auto be = make_cpu_backend(2);
+  const int64_t V = 300, R = 3;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::vector<float> logits(size_t(R * V));
+  for (float& x : logits) x = nd(rng);
+  // Logits row r uses state row state_of[r].
+  const std::vector<int32_t> state_of = {2, 0, 1};
+  std::vector<SampleParams> params(3);
+  params[0] = SampleParams{0.7f, 40, 0.9f, 0.0f, 1.3f, 11};
+  params[1] = SampleParams{0.0f, 0, 1.0f, 0.0f, 1.0f, 0};  // the argmax
+  params[2] = SampleParams{1.2f, 0, 1.0f, 0.05f, 1.0f, 12};
+  std::vector<uint32_t> step = {5, 0, 77};
+  std::vector<uint8_t> seen(size_t(3 * V), 0);
+  for (int i = 0; i < 40; ++i) seen[size_t(rng() % (3 * V))] = 1;
+  const std::vector<uint32_t> step0 = step;
+  const std::vector<uint8_t> seen0 = seen;
+  SampleState st{state_of.data(), params.data(), step.data(), seen.data(), V};
+  std::vector<int32_t> out(3);
+  for (int call = 0; call < 3; ++call) {
+    std::vector<uint8_t> seen_before = seen;
+    be->sample(mat(logits.data(), DType::F32, R, V), st, out.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t s = state_of[size_t(r)];
+      const int32_t want = sampling::sample_row(logits.data() + r * V, V, params[size_t(s)],
+                                                seen_before.data() + s * V, step0[size_t(s)] + uint32_t(call));
+      EXPECT_EQ(out[size_t(r)], want) << "call " << call << " row " << r;
+      EXPECT_EQ(seen[size_t(s * V + out[size_t(r)])], 1);
+      EXPECT_EQ(step[size_t(s)], step0[size_t(s)] + uint32_t(call) + 1);
+    }
+  }
+  // State row 1 takes the argmax of its logits row (2), lowest index on ties.
+  const float* l2 = logits.data() + 2 * V;
+  EXPECT_EQ(out[2], int32_t(std::max_element(l2, l2 + V) - l2));
+  int marked = 0;
+  for (size_t i = 0; i < seen.size(); ++i) marked += seen[i] != seen0[i];
+  EXPECT_GE(marked, 3);
+}
+
+// Two rows decode for several steps: row 0 samples with every filter and the penalty, row 1 takes the
+// argmax. The same steps through forward() with a host Sampler give the same tokens.
+TEST(ModelDecode, SamplesLikeAHostSamplerOverForward) {
+  Engine eng = build_engine(test::fixture("qwen3_swa"));
+  auto be_a = make_cpu_backend(2), be_b = make_cpu_backend(2);
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 40;
+  Model dev(eng, *be_a, rt), host(eng, *be_b, rt);
+  const int64_t V = dev.spec().vocab;
+  SamplingParams sp;
+  sp.temperature = 1.3f;
+  sp.top_k = 200;
+  sp.top_p = 0.97f;
+  sp.min_p = 0.01f;
+  sp.repetition_penalty = 1.5f;
+  sp.seed = 2024;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 17, 230, 9}, {44, 3, 12}};
+  Batch fill;
+  for (int r = 0; r < 2; ++r) fill.rows.push_back(BatchRow{r, prompts[size_t(r)], 0, {}, false});
+  HostTensor lg = dev.forward(fill);
+  host.forward(fill);
+  Sampler sampler(sp), greedy(SamplingParams{});
+  std::vector<int32_t> history = prompts[0];
+  std::vector<int32_t> tok = {sampler.pick(lg.as<float>(), V, history), greedy.pick(lg.as<float>() + V, V, {})};
+  history.push_back(tok[0]);
+  dev.set_sampling(0, sp, history, sampler.draws());
+  std::vector<int64_t> at = {int64_t(prompts[0].size()), int64_t(prompts[1].size())};
+  std::vector<int32_t> dev_tok = tok, host_tok = tok;
+  std::set<int32_t> distinct;
+  for (int step = 0; step < 12; ++step) {
+    dev_tok = dev.decode({0, 1}, dev_tok, at);
+    HostTensor l = host.forward(Batch{{BatchRow{0, {host_tok[0]}, at[0], {}, false},
+                                       BatchRow{1, {host_tok[1]}, at[1], {}, false}}});
+    host_tok = {sampler.pick(l.as<float>(), V, history), greedy.pick(l.as<float>() + V, V, {})};
+    history.push_back(host_tok[0]);
+    ASSERT_EQ(dev_tok, host_tok) << "step " << step;
+    distinct.insert(dev_tok[0]);
+    for (int64_t& a : at) ++a;
+  }
+  EXPECT_GT(distinct.size(), 1u);  // it did sample
+  test::expect_error([&] { dev.set_sampling(2, sp); }, {"cache row 2", "outside [0, 2)"});
+  test::expect_error([&] { dev.set_sampling(0, sp, std::vector<int32_t>{int32_t(V)}); }, {"outside the vocabulary"});
+  SamplingParams bad = sp;
+  bad.top_p = 2.0f;
+  test::expect_error([&] { dev.set_sampling(0, bad); }, {"--top-p"});
+}
+
+}  // namespace
+}  // namespace ingot
