@@ -171,6 +171,34 @@ TEST_P(CudaOps, Linear) {
   }
 }
 
+// The fused gate/up product + SwiGLU of decode equals the two ops it replaces bit for bit on the GPU
+// (same GEMV accumulation, same roundings), and the CPU's two ops within tolerance.
+TEST_P(CudaOps, LinearSwigluMatchesTwoOps) {
+  struct Shape {
+    int64_t T, I, K;
+  };
+  for (Shape s : {Shape{1, 96, 64}, Shape{3, 37, 1096}, Shape{8, 300, 2048}, Shape{1, 3072, 1024}}) {
+    auto x = rnd(size_t(s.T * s.K)), w = rnd(size_t(2 * s.I * s.K), 0.05f);
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    void *gx = g.put(x), *gw = g.put(w);
+    void *fused = g.put(std::vector<float>(size_t(s.T * s.I))), *gu = g.put(std::vector<float>(size_t(s.T * 2 * s.I)));
+    void *two = g.put(std::vector<float>(size_t(s.T * s.I)));
+    ASSERT_TRUE(gpu_be_->linear_swiglu(g.m(gx, s.T, s.K), g.m(gw, 2 * s.I, s.K), g.m(fused, s.T, s.I)));
+    gpu_be_->linear(g.m(gx, s.T, s.K), g.m(gw, 2 * s.I, s.K), nullptr, g.m(gu, s.T, 2 * s.I));
+    gpu_be_->swiglu(g.m(gu, s.T, 2 * s.I), g.m(two, s.T, s.I));
+    const std::string what = "linear_swiglu T=" + std::to_string(s.T) + " I=" + std::to_string(s.I) +
+                             " K=" + std::to_string(s.K);
+    const auto got = g.get(fused, size_t(s.T * s.I));
+    EXPECT_EQ(got, g.get(two, size_t(s.T * s.I))) << what;
+    void *cgu = c.put(std::vector<float>(size_t(s.T * 2 * s.I))), *cy = c.put(std::vector<float>(size_t(s.T * s.I)));
+    EXPECT_FALSE(cpu_be_->linear_swiglu(c.m(c.put(x), s.T, s.K), c.m(c.put(w), 2 * s.I, s.K), c.m(cy, s.T, s.I)));
+    cpu_be_->linear(c.m(c.put(x), s.T, s.K), c.m(c.put(w), 2 * s.I, s.K), nullptr, c.m(cgu, s.T, 2 * s.I));
+    cpu_be_->swiglu(c.m(cgu, s.T, 2 * s.I), c.m(cy, s.T, s.I));
+    expect_close(got, c.get(cy, size_t(s.T * s.I)), tol(), what);
+  }
+}
+
 TEST_P(CudaOps, LinearRejectsMixedDtypes) {
   if (dt_ == DType::F32) GTEST_SKIP() << "mixed dtypes need a 16-bit backend";
   Buffer w(*gpu_be_, 16 * 16 * 4), x(*gpu_be_, 16 * 2), y(*gpu_be_, 16 * 2);

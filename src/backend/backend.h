@@ -135,6 +135,13 @@ class Backend {
   virtual void attention(const AttentionParams& p) = 0;
   // out = silu(gate) * up where gate_up = [gate | up] along columns; gate_up [T, 2I], out [T, I].
   virtual void swiglu(const Mat& gate_up, const Mat& out) = 0;
+  // linear(x, w_gate_up) then swiglu in one op, w_gate_up [2I, K] (gate rows, then up rows), out [T, I],
+  // rounded as the two ops round. Returns false, doing nothing, where the backend has no fused kernel
+  // for these shapes; the caller then runs the two ops.
+  virtual bool linear_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out) {
+    (void)x, (void)w_gate_up, (void)out;
+    return false;
+  }
   // dst[i, :] = src[idx[i], :]
   virtual void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) = 0;
   // out[i] = argmax_j logits[i, j] (lowest index on ties)

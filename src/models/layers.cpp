@@ -115,8 +115,10 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
 void mlp_block(ForwardContext& c, const LayerWeights& w) {
   norm_into_h(c, *w.mlp_norm);
   Mat gu = rows(c.gate_up, c.T), act = rows(c.act, c.T);
-  c.be.linear(rows(c.h, c.T), w.w_gate_up->m, nullptr, gu);
-  c.be.swiglu(gu, act);
+  if (!c.be.linear_swiglu(rows(c.h, c.T), w.w_gate_up->m, act)) {
+    c.be.linear(rows(c.h, c.T), w.w_gate_up->m, nullptr, gu);
+    c.be.swiglu(gu, act);
+  }
   c.be.linear(act, w.w_down->m, nullptr, rows(c.delta, c.T));
   c.pending_delta = true;
 }

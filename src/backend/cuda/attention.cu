@@ -31,6 +31,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadsPerBlock = 8;
+constexpr int kMinChunksPerSlice = 2;
 // Slices per (token, head group): the merging block reads every partial, so more slices lengthen
 // the serial tail of the call.
 constexpr int kMaxSlices = 128;
@@ -123,8 +124,10 @@ __device__ Work block_work(const AttnArgs& a) {
   if (n <= 0) return w;
   // Equal runs of whole chunks over what is visible now, so every slice gets work when the context is
   // short and the grid was sized for the capacity.
+  // At least kMinChunksPerSlice chunks per slice: below that, each slice's fixed cost (pipeline fill,
+  // partial write, its share of the merge) outweighs the keys it reads.
   const int per_slice = (n + a.slices - 1) / a.slices;
-  const int per = (per_slice + a.chunk - 1) / a.chunk * a.chunk;
+  const int per = max((per_slice + a.chunk - 1) / a.chunk, kMinChunksPerSlice) * a.chunk;
   w.active = (n + per - 1) / per;
   const int64_t s0 = lo + int64_t(blockIdx.z) * per;
   w.s0 = s0 < hi ? int(s0) : hi;
@@ -569,7 +572,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs a) {
 using Kernel = void (*)(AttnArgs);
 
 // Blocks of `kernel` the device runs at once (SMs x resident blocks per SM), cached per device,
-// kernel and shared memory size. Opts the kernel in to more than 48 KiB of dynamic shared memory.
+// kernel and shared memory size.
 int wave_blocks(Kernel kernel, size_t smem) {
   static std::mutex mu;
   static std::map<std::tuple<int, Kernel, size_t>, int> cache;
@@ -579,9 +582,10 @@ int wave_blocks(Kernel kernel, size_t smem) {
   const auto key = std::make_tuple(dev, kernel, smem);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  if (smem > 48 * 1024)
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "attention kernel shared memory");
+  // Always opt in: static shared memory counts against the 48 KiB default too, so a kernel with
+  // exactly 48 KiB of dynamic memory would not fit without it.
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "attention kernel shared memory");
   int per_sm = 0, sms = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), "attention occupancy");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");

@@ -176,6 +176,9 @@ struct LtPlan {
 };
 
 constexpr size_t kLtWorkspace = size_t(32) << 20;
+constexpr int kTuneCandidates = 8;    // heuristic results timed for large products
+constexpr int64_t kTuneRows = 256;    // products with at least this many rows are timed
+constexpr float kTuneMargin = 1.2f;   // an alternative must be this much faster than the first choice
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
 constexpr size_t kAttnCounters = size_t(1) << 20;
 constexpr size_t kArgmaxScratchFloats = size_t(1) << 20;
@@ -393,6 +396,11 @@ class CudaBackend final : public Backend {
                                       " max_kv=" + std::to_string(p.max_kv_len); }, stream_->get());
     launch_attention(p, attn_, stream_->get());
   }
+  bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
+    if (x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows || out.rows != x.rows) return false;
+    auto _ = prof_.scope([&] { return "linear_swiglu x " + shape(x) + " w " + shape(w); }, stream_->get());
+    return launch_gemv_swiglu(x, w, out, stream_->get());
+  }
   void swiglu(const Mat& gu, const Mat& out) override {
     auto _ = prof_.scope([&] { return "swiglu " + shape(out); }, stream_->get());
     launch_swiglu(gu, out, stream_->get());
@@ -464,16 +472,74 @@ class CudaBackend final : public Backend {
     const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
                           CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, kTuneCandidates, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check_lt(st, "AlgoGetHeuristic");
     if (found == 0)
       throw Error("cublasLt: no algorithm for a " + std::to_string(y.rows) + " x " + std::to_string(w.rows) + " x " +
                   std::to_string(w.cols) + " " + std::string(dtype_name(dtype_)) + " product");
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    if (y.rows >= kTuneRows) choose_algo(*p, res, found, x, w, y);
     return p;
+  }
+
+  // cuBLASLt's first heuristic choice is sometimes far from its best for large products (measured on
+  // the H200: 4096 x 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800). Products of at least
+  // kTuneRows rows therefore time the top candidates once, on their real operands (y is recomputed by
+  // the caller), and keep the fastest if it beats the first choice by more than kTuneMargin, so near
+  // ties cannot flip between runs. The choice is kept per process by (device, shape with rows rounded
+  // up to a power of two): every backend in a process computes the same bits, and a new prompt length
+  // in a known bucket reuses the choice (checked for its exact shape) instead of timing again.
+  void choose_algo(LtPlan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const Mat& x, const Mat& w,
+                   const Mat& y) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_->get(), &cs), "cudaStreamIsCapturing");
+    if (cs != cudaStreamCaptureStatusNone) return;  // no timing inside a graph capture
+    int64_t bucket = 1;
+    while (bucket < y.rows) bucket *= 2;
+    static std::mutex mu;
+    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, cublasLtMatmulAlgo_t>
+        chosen;
+    const auto key = std::make_tuple(device_, bucket, w.rows, w.cols, w.ld, x.ld, y.ld, int(dtype_));
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = chosen.find(key); it != chosen.end()) {
+      cublasLtMatmulHeuristicResult_t chk{};
+      if (cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &it->second, &chk) == CUBLAS_STATUS_SUCCESS &&
+          chk.workspaceSize <= kLtWorkspace)
+        p.algo = it->second;
+      return;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    Event e0, e1;
+    cudaStream_t s = stream_->get();
+    auto time_ms = [&](const cublasLtMatmulAlgo_t& algo) {
+      auto run = [&] {
+        return cublasLtMatmul(lt_, p.op, &alpha, w.data, p.a, x.data, p.b, &beta, y.data, p.c, y.data, p.c, &algo,
+                              lt_ws_, kLtWorkspace, s);
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) return 1e30f;  // warm-up; a candidate that fails is never chosen
+      check(cudaEventRecord(e0.get(), s), "cudaEventRecord");
+      for (int i = 0; i < 3; ++i) run();
+      check(cudaEventRecord(e1.get(), s), "cudaEventRecord");
+      check(cudaEventSynchronize(e1.get()), "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "cudaEventElapsedTime");
+      return ms;
+    };
+    const float first = time_ms(res[0].algo);
+    float best = first;
+    int pick = 0;
+    for (int i = 1; i < found; ++i) {
+      if (res[i].workspaceSize > kLtWorkspace) continue;
+      const float t = time_ms(res[i].algo);
+      if (t < best) best = t, pick = i;
+    }
+    if (best * kTuneMargin > first) pick = 0;
+    p.algo = res[pick].algo;
+    chosen.emplace(key, p.algo);
   }
 
   DType dtype_;

@@ -120,6 +120,8 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
 // y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
 // suit it (the caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
+// out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for few tokens; false when it does not suit.
+bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s);
 // Adds bias [N] (dtype of y) to every row of y.
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
 
