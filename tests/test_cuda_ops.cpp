@@ -84,6 +84,49 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                      << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
 }
 
+// A cache of `B` rows with every slot random, in either layout.
+struct CacheSpec {
+  int64_t B, kv_heads, capacity, head_dim;
+  bool heads_first;
+  KvLayerView view(void* k, void* v, DType dt) const {
+    KvLayerView c;
+    c.k = k;
+    c.v = v;
+    c.dtype = dt;
+    c.capacity = capacity;
+    c.batch_stride = kv_heads * capacity * head_dim;
+    c.head_stride = heads_first ? capacity * head_dim : head_dim;
+    c.slot_stride = heads_first ? head_dim : kv_heads * head_dim;
+    return c;
+  }
+  size_t elems() const { return size_t(B * kv_heads * capacity * head_dim); }
+};
+
+// Tokens of several rows: (row, first slot, count, kv_len after the call).
+struct Chunk {
+  int row, start, len;
+};
+
+struct Meta {
+  std::vector<int32_t> row, slot, pos, kv_len;
+};
+
+Meta make_meta(const std::vector<Chunk>& chunks) {
+  Meta m;
+  for (const Chunk& c : chunks)
+    for (int i = 0; i < c.len; ++i) {
+      m.row.push_back(c.row);
+      m.slot.push_back(c.start + i);
+      m.pos.push_back(c.start + i);
+      m.kv_len.push_back(c.start + c.len);
+    }
+  return m;
+}
+
+TokenMeta put_meta(Side& s, const Meta& m) {
+  return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len)};
+}
+
 class CudaOps : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
@@ -112,6 +155,43 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     return v;
   }
   Tol tol() const { return tol_for(dt_); }
+
+  // Attention on both backends over the same random q (scaled by q_scale) and cache. The GPU output
+  // starts at 7 so a token the kernel never writes shows. rows: the hint of distinct cache rows.
+  struct AttnRun {
+    AttentionParams gpu;
+    std::vector<float> got, want;
+  };
+  AttnRun attention_both(const CacheSpec& cspec, const Meta& meta, int q_heads, int window, bool bound_is_capacity,
+                         int rows, float q_scale = 1.0f) {
+    const int64_t T = int64_t(meta.row.size()), QD = int64_t(q_heads) * cspec.head_dim;
+    int max_kv = 0;
+    for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
+    auto q = rnd(size_t(T * QD), q_scale), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    AttnRun r;
+    AttentionParams cp;
+    void *go = g.put(std::vector<float>(size_t(T * QD), 7.0f)), *co = c.put(std::vector<float>(size_t(T * QD)));
+    for (auto [p, s, o] : {std::tuple{&r.gpu, &g, go}, std::tuple{&cp, &c, co}}) {
+      p->q = s->m(s->put(q), T, QD);
+      p->out = s->m(o, T, QD);
+      p->q_heads = q_heads;
+      p->kv_heads = int(cspec.kv_heads);
+      p->head_dim = int(cspec.head_dim);
+      p->window = window;
+      p->scale = 1.0f / std::sqrt(float(cspec.head_dim));
+      p->max_kv_len = bound_is_capacity ? int(cspec.capacity) : max_kv;
+      p->rows = rows;
+      p->meta = put_meta(*s, meta);
+      p->cache = cspec.view(s->put(kc), s->put(vc), s->dt);
+    }
+    gpu_be_->attention(r.gpu);
+    cpu_be_->attention(cp);
+    r.got = g.get(go, size_t(T * QD));
+    r.want = c.get(co, size_t(T * QD));
+    return r;
+  }
 
   DType dt_ = DType::F32;
   std::mt19937 rng_{42};
@@ -251,49 +331,6 @@ TEST_P(CudaOps, SwigluGatherArgmax) {
   EXPECT_EQ(g.get_i32(gb, 2), (std::vector<int32_t>{5000, int32_t(BV - 1)}));
 }
 
-// A cache of `B` rows with every slot random, in either layout.
-struct CacheSpec {
-  int64_t B, kv_heads, capacity, head_dim;
-  bool heads_first;
-  KvLayerView view(void* k, void* v, DType dt) const {
-    KvLayerView c;
-    c.k = k;
-    c.v = v;
-    c.dtype = dt;
-    c.capacity = capacity;
-    c.batch_stride = kv_heads * capacity * head_dim;
-    c.head_stride = heads_first ? capacity * head_dim : head_dim;
-    c.slot_stride = heads_first ? head_dim : kv_heads * head_dim;
-    return c;
-  }
-  size_t elems() const { return size_t(B * kv_heads * capacity * head_dim); }
-};
-
-// Tokens of several rows: (row, first slot, count, kv_len after the call).
-struct Chunk {
-  int row, start, len;
-};
-
-struct Meta {
-  std::vector<int32_t> row, slot, pos, kv_len;
-};
-
-Meta make_meta(const std::vector<Chunk>& chunks) {
-  Meta m;
-  for (const Chunk& c : chunks)
-    for (int i = 0; i < c.len; ++i) {
-      m.row.push_back(c.row);
-      m.slot.push_back(c.start + i);
-      m.pos.push_back(c.start + i);
-      m.kv_len.push_back(c.start + c.len);
-    }
-  return m;
-}
-
-TokenMeta put_meta(Side& s, const Meta& m) {
-  return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len)};
-}
-
 TEST_P(CudaOps, RopeCacheWrite) {
   struct Case {
     int q_heads, kv_heads, head_dim, rot_dim;
@@ -367,36 +404,16 @@ TEST_P(CudaOps, Attention) {
     meta.pos.push_back(3);
     meta.kv_len.push_back(0);
     const int64_t T = int64_t(meta.row.size()), QD = int64_t(cs.q_heads) * cs.head_dim;
-    int max_kv = 0;
-    for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
-    auto q = rnd(size_t(T * QD), cs.q_scale), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
-    Side& g = *gpu_;
-    Side& c = *cpu_;
-    AttentionParams gp, cp;
-    void *go = g.put(std::vector<float>(size_t(T * QD), 7.0f)), *co = c.put(std::vector<float>(size_t(T * QD)));
-    for (auto [p, s, o] : {std::tuple{&gp, &g, go}, std::tuple{&cp, &c, co}}) {
-      p->q = s->m(s->put(q), T, QD);
-      p->out = s->m(o, T, QD);
-      p->q_heads = cs.q_heads;
-      p->kv_heads = cs.kv_heads;
-      p->head_dim = cs.head_dim;
-      p->window = cs.window;
-      p->scale = 1.0f / std::sqrt(float(cs.head_dim));
-      p->max_kv_len = cs.bound_is_capacity ? cs.capacity : max_kv;
-      p->meta = put_meta(*s, meta);
-      p->cache = cspec.view(s->put(kc), s->put(vc), s->dt);
-    }
-    gpu_be_->attention(gp);
-    cpu_be_->attention(cp);
+    // rows = tokens: decode-like, so the split-KV kernels take every call here.
+    AttnRun r = attention_both(cspec, meta, cs.q_heads, cs.window, cs.bound_is_capacity, int(T), cs.q_scale);
     const std::string what = "attention q=" + std::to_string(cs.q_heads) + " kv=" + std::to_string(cs.kv_heads) +
                              " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window) +
-                             " capacity=" + std::to_string(cs.capacity) + " bound=" + std::to_string(gp.max_kv_len);
-    auto got = g.get(go, size_t(T * QD));
-    expect_close(got, c.get(co, size_t(T * QD)), tol(), what);
-    for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
+                             " capacity=" + std::to_string(cs.capacity) + " bound=" + std::to_string(r.gpu.max_kv_len);
+    expect_close(r.got, r.want, tol(), what);
+    for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(r.got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
     // The slice counters must be back at zero: a second call gives the same bits.
-    gpu_be_->attention(gp);
-    EXPECT_EQ(g.get(go, size_t(T * QD)), got) << what << ": second call";
+    gpu_be_->attention(r.gpu);
+    EXPECT_EQ(gpu_->get(r.gpu.out.data, size_t(T * QD)), r.got) << what << ": second call";
   }
 }
 
@@ -444,34 +461,12 @@ TEST_P(CudaOps, AttentionPrefill) {
       meta.kv_len.push_back(0);
     }
     const int64_t T = int64_t(meta.row.size()), QD = int64_t(cs.q_heads) * cs.head_dim;
-    int max_kv = 0;
-    for (int32_t l : meta.kv_len) max_kv = std::max(max_kv, int(l));
-    auto q = rnd(size_t(T * QD)), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
-    Side& g = *gpu_;
-    Side& c = *cpu_;
-    AttentionParams gp, cp;
-    void *go = g.put(std::vector<float>(size_t(T * QD), 7.0f)), *co = c.put(std::vector<float>(size_t(T * QD)));
-    for (auto [p, s, o] : {std::tuple{&gp, &g, go}, std::tuple{&cp, &c, co}}) {
-      p->q = s->m(s->put(q), T, QD);
-      p->out = s->m(o, T, QD);
-      p->q_heads = cs.q_heads;
-      p->kv_heads = cs.kv_heads;
-      p->head_dim = cs.head_dim;
-      p->window = cs.window;
-      p->scale = 1.0f / std::sqrt(float(cs.head_dim));
-      p->max_kv_len = cs.bound_is_capacity ? cs.capacity : max_kv;
-      p->rows = 4;
-      p->meta = put_meta(*s, meta);
-      p->cache = cspec.view(s->put(kc), s->put(vc), s->dt);
-    }
-    gpu_be_->attention(gp);
-    cpu_be_->attention(cp);
+    AttnRun r = attention_both(cspec, meta, cs.q_heads, cs.window, cs.bound_is_capacity, 4);
     const std::string what = "prefill attention q=" + std::to_string(cs.q_heads) + " kv=" + std::to_string(cs.kv_heads) +
                              " hd=" + std::to_string(cs.head_dim) + " window=" + std::to_string(cs.window);
-    auto got = g.get(go, size_t(T * QD));
-    expect_close(got, c.get(co, size_t(T * QD)), tol(), what);
+    expect_close(r.got, r.want, tol(), what);
     if (cs.capacity <= 1000)
-      for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
+      for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(r.got[size_t((T - 1) * QD + i)], 0.0f) << what << ": all-masked row";
   }
 }
 
