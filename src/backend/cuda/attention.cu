@@ -141,20 +141,6 @@ __device__ void write_zeros(const AttnArgs& a, const Work& w) {
   for (int k = threadIdx.x; k < w.H * a.head_dim; k += kThreads) o[k] = from_f<T>(0.f);
 }
 
-// Every kernel's start: wait for the previous kernel, find this block's keys; false when the block has
-// nothing to do (a token with no visible key gets its zeros from slice 0 here).
-template <typename T>
-__device__ bool begin_block(const AttnArgs& a, Work& w) {
-  pdl_wait();
-  pdl_trigger();
-  w = block_work(a);
-  if (w.active == 0) {
-    if (blockIdx.z == 0) write_zeros<T>(a, w);
-    return false;
-  }
-  return int(blockIdx.z) < w.active;
-}
-
 // Merges the warps' states, sm = [kWarps][H][head_dim + 2] of (max, sum, accumulator), and writes the
 // output (the token's only slice) or this slice's partial.
 template <typename T>
@@ -311,8 +297,14 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fast_kernel(AttnArgs a) {
   using C = Fast<T, D>;
   constexpr int HMAX = C::HMAX, EPL = C::EPL, VEC = C::VEC, NV = C::NV, LPK = C::LPK, KPG = C::KPG;
-  Work w;
-  if (!begin_block<T>(a, w)) return;
+  pdl_wait();
+  pdl_trigger();
+  const Work w = block_work(a);
+  if (w.active == 0) {
+    if (blockIdx.z == 0) write_zeros<T>(a, w);
+    return;
+  }
+  if (int(blockIdx.z) >= w.active) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, kg = threadIdx.x / LPK, sl = lane % LPK;
   const int H = w.H;
   T* const stages = reinterpret_cast<T*>(dyn_smem());
@@ -486,8 +478,14 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
 // (aligned vector loads).
 template <typename T, int DPL, bool kFull>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs a) {
-  Work w;
-  if (!begin_block<T>(a, w)) return;
+  pdl_wait();
+  pdl_trigger();
+  const Work w = block_work(a);
+  if (w.active == 0) {
+    if (blockIdx.z == 0) write_zeros<T>(a, w);
+    return;
+  }
+  if (int(blockIdx.z) >= w.active) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int H = w.H;
   const int D = a.head_dim, d0 = lane * DPL;
