@@ -656,9 +656,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
   if (launch_attention_prefill(p, s)) return;  // many query tokens per row, 16-bit: the tensor-core kernel
   const int groups = p.q_heads / p.kv_heads;
   const size_t es = dtype_size(p.q.dtype);
-  auto aligned = [&](const void* ptr, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (size_t(stride) * es) % 16 == 0;
-  };
+  auto aligned = [&](const void* ptr, int64_t stride) { return aligned16(ptr, stride, es); };
   const int D = p.head_dim;
   const bool fast = (D == 64 || D == 128 || D == 256) && aligned(p.q.data, p.q.ld) && aligned(p.out.data, p.out.ld) &&
                     aligned(p.cache.k, p.cache.batch_stride) && aligned(p.cache.v, p.cache.head_stride) &&

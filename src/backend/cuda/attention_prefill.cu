@@ -347,9 +347,7 @@ bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s) {
   if (p.rows <= 0 || T < kBq || T < int64_t(p.rows) * kMinTokensPerRow) return false;
   if (T > INT_MAX || p.cache.capacity > INT_MAX) return false;
   // 16-byte chunks of every row: base pointers and strides in whole 16-byte units.
-  auto aligned = [](const void* ptr, int64_t stride_elems) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (stride_elems * 2) % 16 == 0;
-  };
+  auto aligned = [](const void* ptr, int64_t stride) { return aligned16(ptr, stride, 2); };  // 16-bit elements
   if (!aligned(p.q.data, p.q.ld) || !aligned(p.out.data, p.out.ld) || !aligned(p.cache.k, p.cache.batch_stride) ||
       !aligned(p.cache.v, p.cache.head_stride) || !aligned(p.cache.k, p.cache.slot_stride) ||
       !aligned(p.cache.v, p.cache.slot_stride) || !aligned(p.cache.k, p.cache.head_stride))

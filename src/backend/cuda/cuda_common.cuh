@@ -74,6 +74,15 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// silu(g) * u: the one SwiGLU expression, so the fused GEMV epilogue and the swiglu kernels round alike.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Whether rows starting at p, `stride` elements of `elem_size` bytes apart, can be read in 16-byte
+// vectors (the condition of every vectorised kernel's fast path).
+inline bool aligned16(const void* p, int64_t stride, size_t elem_size) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (uint64_t(stride) * elem_size) % 16 == 0;
+}
+
 // One element of a small vector (norm weights, biases) whose dtype is only known at run time.
 __device__ __forceinline__ float load_any(const void* p, DType t, int64_t i) {
   switch (t) {

@@ -23,7 +23,7 @@ __global__ void swiglu_kernel(SwigluArgs a) {
     const int64_t t = k / a.inter, i = k - t * a.inter;
     const T* g = static_cast<const T*>(a.gu) + t * a.gu_ld;
     const float gv = to_f(g[i]), uv = to_f(g[i + a.inter]);
-    static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(gv / (1.0f + expf(-gv)) * uv);
+    static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(silu_mul(gv, uv));
   }
 }
 
@@ -41,7 +41,7 @@ __global__ void swiglu_vec_kernel(SwigluArgs a) {
   load_f<T, V, true>(g + a.inter, uv);
   alignas(16) T o[V];
 #pragma unroll
-  for (int j = 0; j < V; ++j) o[j] = from_f<T>(gv[j] / (1.0f + expf(-gv[j])) * uv[j]);
+  for (int j = 0; j < V; ++j) o[j] = from_f<T>(silu_mul(gv[j], uv[j]));
   *reinterpret_cast<uint4*>(static_cast<T*>(a.out) + t * a.out_ld + i) = *reinterpret_cast<const uint4*>(o);
 }
 
@@ -170,8 +170,8 @@ void launch_swiglu(const Mat& gu, const Mat& out, cudaStream_t s) {
   if (gu.dtype != out.dtype) throw Error("cuda backend: swiglu operands must share the activation dtype");
   SwigluArgs a{gu.data, gu.ld, out.data, out.ld, out.cols, out.rows};
   const int64_t V = 16 / int64_t(dtype_size(out.dtype));
-  auto aligned = [&](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % V == 0; };
-  const bool vec = out.cols % V == 0 && out.rows <= 65535 && aligned(gu.data, gu.ld) && aligned(out.data, out.ld);
+  const size_t es = dtype_size(out.dtype);
+  const bool vec = out.cols % V == 0 && out.rows <= 65535 && aligned16(gu.data, gu.ld, es) && aligned16(out.data, out.ld, es);
   dispatch(out.dtype, "swiglu", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int VT = 16 / int(sizeof(T));

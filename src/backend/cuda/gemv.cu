@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvArgs a) {
       float v;
       if constexpr (kSwiglu) {
         const float g = to_f(from_f<T>(acc[t][0])), u = to_f(from_f<T>(acc[t][1]));
-        v = g / (1.0f + expf(-g)) * u;
+        v = silu_mul(g, u);
       } else {
         v = acc[t][0];
         if (a.bias) v += to_f(static_cast<const T*>(a.bias)[n0]);
@@ -142,8 +142,8 @@ void launch_any(DType dt, const GemvArgs& a, cudaStream_t s) {
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
   if (x.rows < 1 || x.rows > 8 || x.dtype != w.dtype || y.dtype != w.dtype) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
-  auto aligned = [&](const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % V == 0; };
-  return w.cols % V == 0 && aligned(w.data, w.ld) && aligned(x.data, x.ld) && w.rows <= INT32_MAX &&
+  const size_t es = dtype_size(w.dtype);
+  return w.cols % V == 0 && aligned16(w.data, w.ld, es) && aligned16(x.data, x.ld, es) && w.rows <= INT32_MAX &&
          w.cols <= INT32_MAX;
 }
 
