@@ -104,8 +104,9 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(sample_params_, size_t(opt_.max_batch) * sizeof(SampleParams));
   ws(sample_step_, size_t(opt_.max_batch) * sizeof(uint32_t));
   ws(sample_seen_, size_t(opt_.max_batch) * size_t(s.vocab));
-  row_sampling_.assign(size_t(opt_.max_batch), SampleParams{});
-  be_.upload(sample_params_.get(), row_sampling_.data(), row_sampling_.size() * sizeof(SampleParams));
+  row_sampling_.assign(size_t(opt_.max_batch), SamplingParams{});
+  const std::vector<SampleParams> greedy(size_t(opt_.max_batch), SamplingParams{}.to_backend());
+  be_.upload(sample_params_.get(), greedy.data(), greedy.size() * sizeof(SampleParams));
   be_.fill_zero(sample_step_.get(), sample_step_.size());
   be_.fill_zero(sample_seen_.get(), sample_seen_.size());
   std::vector<float> inv = rope_inv_freq(s);
@@ -222,22 +223,13 @@ void Model::upload_meta(const Prepared& p) {
   up(out_idx_, p.out_idx);
 }
 
-namespace {
-bool samples(const SampleParams& p) { return p.temperature > 0.0f || p.repetition_penalty != 1.0f; }
-bool same(const SampleParams& a, const SampleParams& b) {
-  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
-         a.repetition_penalty == b.repetition_penalty && a.seed == b.seed;
-}
-}  // namespace
-
 void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws) {
   if (row < 0 || row >= opt_.max_batch)
     throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(opt_.max_batch) + ")");
   p.validate();
-  const SampleParams sp = p.to_backend();
   // The argmax reads neither the counter nor the history; the history only matters with a penalty.
   std::vector<uint8_t> seen;
-  if (samples(sp) && sp.repetition_penalty != 1.0f) {
+  if (p.repetition_penalty != 1.0f) {
     seen.assign(size_t(spec_.vocab), 0);
     for (int32_t t : history) {
       if (t < 0 || t >= spec_.vocab)
@@ -246,11 +238,12 @@ void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32
       seen[size_t(t)] = 1;
     }
   }
-  if (!same(sp, row_sampling_[size_t(row)])) {
+  if (p != row_sampling_[size_t(row)]) {
+    const SampleParams sp = p.to_backend();
     be_.upload(sample_params_.as<SampleParams>() + row, &sp, sizeof sp);
-    row_sampling_[size_t(row)] = sp;
+    row_sampling_[size_t(row)] = p;
   }
-  if (!samples(sp)) return;
+  if (p.greedy()) return;
   be_.upload(sample_step_.as<uint32_t>() + row, &draws, sizeof draws);
   if (!seen.empty())
     be_.upload(sample_seen_.as<uint8_t>() + size_t(row) * size_t(spec_.vocab), seen.data(), seen.size());
@@ -286,7 +279,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
   for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
   bool sampled = false;
-  for (int r : rows) sampled = sampled || samples(row_sampling_[size_t(r)]);
+  for (int r : rows) sampled = sampled || !row_sampling_[size_t(r)].greedy();
   if (opt_.use_graphs) {
     const std::pair<int64_t, bool> key{n, sampled};
     auto it = decode_graphs_.find(key);

@@ -118,7 +118,7 @@ class Model {
   Buffer sample_params_;  // [max_batch] SampleParams
   Buffer sample_step_;    // [max_batch] uint32
   Buffer sample_seen_;    // [max_batch, vocab] uint8
-  std::vector<SampleParams> row_sampling_;  // what sample_params_ holds
+  std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
   float rope_scale_ = 1.0f;
 };

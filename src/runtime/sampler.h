@@ -20,6 +20,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // 1 = off
   uint64_t seed = 0;
   bool greedy() const { return temperature <= 0.0f && repetition_penalty == 1.0f; }
+  bool operator==(const SamplingParams&) const = default;
   void validate() const;  // throws Error naming the bad setting
   SampleParams to_backend() const {
     return SampleParams{temperature, int32_t(top_k), top_p, min_p, repetition_penalty, seed};
