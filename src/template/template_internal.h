@@ -99,6 +99,8 @@ Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 std::vector<char32_t> decode_utf8(std::string_view s);
 void append_utf8(std::string& out, char32_t c);
+// Python's escape of a code point: \xhh, \uhhhh or \Uhhhhhhhh by its size.
+void append_py_escape(std::string& out, char32_t c);
 std::string encode_utf8(const std::vector<char32_t>& cps, std::size_t begin, std::size_t end);
 bool is_ascii(std::string_view s);
 bool py_isspace(char32_t c);

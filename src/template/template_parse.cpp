@@ -441,14 +441,7 @@ class Lexer {
             std::size_t n;
             char32_t c = code_point_at(body, p - 1, &n);
             p += n - 1;
-            char b[16];
-            if (c <= 0xFF)
-              std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
-            else if (c <= 0xFFFF)
-              std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
-            else
-              std::snprintf(b, sizeof b, "\\U%08x", static_cast<unsigned>(c));
-            out += b;
+            append_py_escape(out, c);
           } else {
             out += '\\';
             out += e;

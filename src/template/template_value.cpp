@@ -189,6 +189,17 @@ void append_utf8(std::string& out, char32_t c) {
   }
 }
 
+void append_py_escape(std::string& out, char32_t c) {
+  char b[16];
+  if (c <= 0xFF)
+    std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
+  else if (c <= 0xFFFF)
+    std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
+  else
+    std::snprintf(b, sizeof b, "\\U%08x", static_cast<unsigned>(c));
+  out += b;
+}
+
 std::string encode_utf8(const std::vector<char32_t>& cps, std::size_t begin, std::size_t end) {
   std::string out;
   out.reserve(end - begin);
@@ -301,21 +312,10 @@ std::string repr_string(const std::string& s) {
       out += "\\n";
     } else if (c == '\r') {
       out += "\\r";
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
-      out += b;
-    } else if (c < 0x7F || py_isprintable(c)) {
-      append_utf8(out, c);
+    } else if (c < 0x20 || c == 0x7F || (c > 0x7F && !py_isprintable(c))) {
+      append_py_escape(out, c);
     } else {
-      char b[16];
-      if (c <= 0xFF)
-        std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned>(c));
-      else if (c <= 0xFFFF)
-        std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
-      else
-        std::snprintf(b, sizeof b, "\\U%08x", static_cast<unsigned>(c));
-      out += b;
+      append_utf8(out, c);
     }
   }
   out += quote;
