@@ -18,13 +18,14 @@ build: deps
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
-# The malformed-input (checkpoints, engine files) and cache tests again under AddressSanitizer and UBSan (CPU build).
+# The malformed-input (checkpoints, engine files), bad-input (the CLI) and cache tests again under AddressSanitizer
+# and UBSan (CPU build).
 test-sanitize: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DINGOT_SANITIZE=ON -DINGOT_CUDA=OFF
-	cmake --build build-asan -j$(JOBS) --target ingot test_checkpoint_io test_kv_cache test_engine_file
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+	cmake --build build-asan -j$(JOBS) --target ingot test_checkpoint_io test_kv_cache test_engine_file test_bad_input
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 INGOT_TEST_TIMEOUT_SCALE=10 \
 	  ctest --test-dir build-asan --output-on-failure \
-	  -R "Safetensors|Checkpoint|BuildEngine|Config|KvCache|AttentionOp|Engine|Refusal|RoundTrip"
+	  -R "Safetensors|Checkpoint|BuildEngine|Config|KvCache|AttentionOp|Engine|Refusal|RoundTrip|BadInput"
 
 # Each libFuzzer target for a bounded time (FUZZ_SECONDS each).
 FUZZ_SECONDS ?= 20
