@@ -7,6 +7,7 @@
 
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "models/rope.h"
 #include "runtime/engine.h"
 #include "test_helpers.h"
 

@@ -1,49 +1,21 @@
-// config.json parsing. Field names and defaults follow transformers' LlamaConfig, Qwen2Config and
-// Qwen3Config; every missing or mistyped required field is an error naming the file and field.
+// config.json parsing. Field names and defaults follow transformers' config classes: the fields every
+// family shares are read here, then the family's configure hook reads its own (models/<family>.cpp);
+// every missing or mistyped required field is an error naming the file and field.
 #include "io/model_config.h"
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "models/config_fields.h"
+#include "models/family.h"
 
 namespace ingot {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Fields {
-  const json& j;
-  const std::string& src;
-
-  std::string where(const std::string& f) const { return src + ": field '" + f + "'"; }
-  bool has(const std::string& f) const { return j.contains(f) && !j[f].is_null(); }
-  int64_t positive_int(const std::string& f) const {
-    if (!has(f)) throw Error(where(f) + " is missing");
-    if (!j[f].is_number_integer()) throw Error(where(f) + " must be an integer");
-    int64_t v = j[f].get<int64_t>();
-    if (v <= 0) throw Error(where(f) + " must be positive, got " + std::to_string(v));
-    return v;
-  }
-  int64_t nonnegative_int(const std::string& f) const {
-    if (!j[f].is_number_integer() || j[f].get<int64_t>() < 0) throw Error(where(f) + " must be a non-negative integer");
-    return j[f].get<int64_t>();
-  }
-  int64_t positive_int_or(const std::string& f, int64_t def) const { return has(f) ? positive_int(f) : def; }
-  double number_or(const std::string& f, double def) const {
-    if (!has(f)) return def;
-    if (!j[f].is_number()) throw Error(where(f) + " must be a number");
-    return j[f].get<double>();
-  }
-  bool bool_or(const std::string& f, bool def) const {
-    if (!has(f)) return def;
-    if (!j[f].is_boolean()) throw Error(where(f) + " must be true or false");
-    return j[f].get<bool>();
-  }
-};
 
 std::vector<int64_t> token_ids(const json& v, const std::string& where) {
   std::vector<int64_t> out;
@@ -59,7 +31,7 @@ std::vector<int64_t> token_ids(const json& v, const std::string& where) {
 
 // Reads rope settings from either form into spec.rope.
 void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
-  Fields f{cfg, src};
+  ConfigFields f{cfg, src};
   RopeSpec& r = spec.rope;
   json params = json::object();
   std::string block;
@@ -71,7 +43,7 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
     params = cfg["rope_scaling"];
   }
   if (!params.is_object()) throw Error(src + ": field '" + block + "' must be an object");
-  Fields p{params, src + " (" + block + ")"};
+  ConfigFields p{params, src + " (" + block + ")"};
   // rope_theta lives in rope_parameters (new form) or at the top level (classic form).
   r.theta = p.has("rope_theta") ? p.number_or("rope_theta", 10000.0) : f.number_or("rope_theta", 10000.0);
   r.partial_rotary_factor = p.has("partial_rotary_factor") ? p.number_or("partial_rotary_factor", 1.0)
@@ -114,12 +86,11 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
 
 ModelSpec parse_model_config(const json& cfg, const std::string& src) {
   if (!cfg.is_object()) throw Error(src + ": not a JSON object");
-  Fields f{cfg, src};
+  ConfigFields f{cfg, src};
   ModelSpec s;
   if (!f.has("model_type") || !cfg["model_type"].is_string()) throw Error(f.where("model_type") + " is missing");
   s.family = cfg["model_type"];
-  if (s.family != "llama" && s.family != "qwen2" && s.family != "qwen3")
-    throw Error(src + ": model_type '" + s.family + "' is not supported (supported: llama, qwen2, qwen3)");
+  const Family& family = find_family(s.family, src);
   s.vocab = f.positive_int("vocab_size");
   s.hidden = f.positive_int("hidden_size");
   s.intermediate = f.positive_int("intermediate_size");
@@ -131,8 +102,8 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
                 std::to_string(s.kv_heads));
   if (f.has("head_dim")) {
     s.head_dim = f.positive_int("head_dim");
-  } else if (s.family == "qwen3") {
-    s.head_dim = 128;  // Qwen3Config's default, not hidden/heads
+  } else if (family.default_head_dim > 0) {
+    s.head_dim = family.default_head_dim;
   } else {
     if (s.hidden % s.heads != 0) throw Error(src + ": head_dim is missing and hidden_size is not divisible by heads");
     s.head_dim = s.hidden / s.heads;
@@ -144,40 +115,13 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
   if (f.has("dtype") && cfg["dtype"].is_string()) s.torch_dtype = cfg["dtype"];
   if (f.bool_or("mlp_bias", false)) throw Error(src + ": mlp_bias true is not supported");
 
-  bool attention_bias = f.bool_or("attention_bias", false);
-  if (s.family == "llama") {
-    s.qkv_bias = s.o_bias = attention_bias;
-  } else if (s.family == "qwen2") {
-    s.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o bias
-  } else {              // qwen3
-    s.qkv_bias = s.o_bias = attention_bias;
-    s.qk_norm = true;
-  }
+  s.qkv_bias = s.o_bias = f.bool_or("attention_bias", false);  // a family may rule otherwise
 
   parse_rope(cfg, src, s);
   if (s.rope_dim() % 2 != 0 || s.rope_dim() > s.head_dim) throw Error(src + ": rotary dimension must be even and <= head_dim");
 
-  // Sliding windows: explicit layer_types win; otherwise Qwen's use_sliding_window/max_window_layers rule.
-  s.window.assign(size_t(s.layers), 0);
-  if (s.family != "llama") {
-    bool use_sw = f.bool_or("use_sliding_window", false);
-    int64_t sw = use_sw && f.has("sliding_window") ? f.positive_int("sliding_window") : 0;
-    if (f.has("layer_types")) {
-      const json& lt = cfg["layer_types"];
-      if (!lt.is_array() || int64_t(lt.size()) != s.layers)
-        throw Error(src + ": field 'layer_types' must list one entry per layer (" + std::to_string(s.layers) + ")");
-      for (int64_t i = 0; i < s.layers; ++i) {
-        if (!lt[i].is_string()) throw Error(src + ": layer_types[" + std::to_string(i) + "] must be a string");
-        std::string t = lt[i];
-        if (t == "sliding_attention") s.window[i] = sw;
-        else if (t != "full_attention")
-          throw Error(src + ": layer_types[" + std::to_string(i) + "] '" + t + "' is not supported");
-      }
-    } else if (sw > 0) {
-      int64_t mwl = f.has("max_window_layers") ? f.nonnegative_int("max_window_layers") : 0;
-      for (int64_t i = mwl; i < s.layers; ++i) s.window[i] = sw;
-    }
-  }
+  s.window.assign(size_t(s.layers), 0);  // full attention unless the family reads sliding windows
+  family.configure(f, s);
 
   s.eos_ids = token_ids(cfg.value("eos_token_id", json()), src + ": field 'eos_token_id'");
   auto bos = token_ids(cfg.value("bos_token_id", json()), src + ": field 'bos_token_id'");
@@ -275,65 +219,6 @@ ModelSpec spec_from_json(const json& j) {
   } catch (const json::exception& e) {
     throw Error(std::string("model metadata is malformed: ") + e.what());
   }
-}
-
-std::vector<float> rope_inv_freq(const ModelSpec& s) {
-  const RopeSpec& r = s.rope;
-  const int64_t dim = s.rope_dim();
-  std::vector<float> inv(size_t(dim / 2));
-  // Base frequencies exactly as transformers forms them: f32 exponent, f32 power, f32 reciprocal.
-  std::vector<float> pos_freq(inv.size());
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    float e = float(2 * i) / float(dim);
-    pos_freq[i] = float(std::pow(r.theta, double(e)));
-    inv[i] = 1.0f / pos_freq[i];
-  }
-  if (r.type == "linear") {
-    for (float& v : inv) v /= float(r.factor);
-  } else if (r.type == "llama3") {
-    const double old_ctx = double(r.original_max_position);
-    const double low_wl = old_ctx / r.low_freq_factor, high_wl = old_ctx / r.high_freq_factor;
-    for (float& v : inv) {
-      float wl = float(2.0 * M_PI) / v;
-      float scaled = wl > low_wl ? v / float(r.factor) : v;
-      if (!(wl < high_wl) && !(wl > low_wl)) {
-        float smooth = (float(old_ctx) / wl - float(r.low_freq_factor)) / float(r.high_freq_factor - r.low_freq_factor);
-        scaled = (1.0f - smooth) * scaled / float(r.factor) + smooth * scaled;
-      }
-      v = scaled;
-    }
-  } else if (r.type == "yarn") {
-    auto corr_dim = [&](double rot) {
-      return (double(dim) * std::log(double(r.original_max_position) / (rot * 2.0 * M_PI))) / (2.0 * std::log(r.theta));
-    };
-    double low = corr_dim(r.beta_fast), high = corr_dim(r.beta_slow);
-    if (r.truncate) {
-      low = std::floor(low);
-      high = std::ceil(high);
-    }
-    low = std::max(low, 0.0);
-    high = std::min(high, double(dim - 1));
-    if (low == high) high += 0.001;
-    for (int64_t i = 0; i < dim / 2; ++i) {
-      float ramp = (float(i) - float(low)) / (float(high) - float(low));
-      ramp = std::min(1.0f, std::max(0.0f, ramp));
-      float extrap_factor = 1.0f - ramp;
-      float extrap = 1.0f / pos_freq[i];
-      float interp = 1.0f / (float(r.factor) * pos_freq[i]);
-      inv[i] = interp * (1.0f - extrap_factor) + extrap * extrap_factor;
-    }
-  }
-  return inv;
-}
-
-float rope_attention_scale(const ModelSpec& s) {
-  const RopeSpec& r = s.rope;
-  if (r.type != "yarn") return 1.0f;
-  if (r.attention_factor) return float(*r.attention_factor);
-  auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
-  if (r.mscale && r.mscale_all_dim && *r.mscale != 0 && *r.mscale_all_dim != 0)
-    return float(mscale(r.factor, *r.mscale) / mscale(r.factor, *r.mscale_all_dim));
-  return float(mscale(r.factor, 1.0));
 }
 
 }  // namespace ingot

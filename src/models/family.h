@@ -1,12 +1,15 @@
-// A model family: the table from Hugging Face tensor names to ours, with the shape each must have, and
-// the wiring of one decoder layer from the shared helpers in layers.h. Adding an architecture means one
-// file here plus its line in registry.cpp.
+// A model family: its config.json defaults and fields, the table from Hugging Face tensor names to ours
+// with the shape each must have, and the wiring of one decoder layer from the shared helpers in
+// layers.h. Adding an architecture means one file here plus its line in registry.cpp, which holds the
+// list of supported families.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/model_config.h"
+#include "models/config_fields.h"
+#include "models/spec.h"
 
 namespace ingot {
 
@@ -32,11 +35,16 @@ class WeightTable {
 
 struct Family {
   const char* model_type;
+  // head_dim when config.json gives none: 0 = hidden_size / num_attention_heads.
+  int64_t default_head_dim;
+  // Reads the family's own fields of config.json into a spec whose shared fields and rope are read
+  // (io/model_config.cpp): its biases, q/k norm and sliding-window layers.
+  void (*configure)(const ConfigFields& config, ModelSpec& spec);
   WeightTable (*weights)(const ModelSpec&);
   void (*layer)(ForwardContext&, const LayerWeights&, int layer);
 };
 
-// The family for config.json's model_type, or an Error listing the supported ones.
-const Family& find_family(const std::string& model_type);
+// The family of model_type, or an Error listing the supported ones (prefixed by `where`, when given).
+const Family& find_family(const std::string& model_type, const std::string& where = "");
 
 }  // namespace ingot

@@ -66,6 +66,27 @@ WeightTable llama_style_weights(const ModelSpec& s, void (*extra)(WeightTable&, 
   return t;
 }
 
+void qwen_sliding_windows(const ConfigFields& f, ModelSpec& s) {
+  const std::string& src = f.src;
+  bool use_sw = f.bool_or("use_sliding_window", false);
+  int64_t sw = use_sw && f.has("sliding_window") ? f.positive_int("sliding_window") : 0;
+  if (f.has("layer_types")) {
+    const nlohmann::json& lt = f.j["layer_types"];
+    if (!lt.is_array() || int64_t(lt.size()) != s.layers)
+      throw Error(src + ": field 'layer_types' must list one entry per layer (" + std::to_string(s.layers) + ")");
+    for (int64_t i = 0; i < s.layers; ++i) {
+      if (!lt[i].is_string()) throw Error(src + ": layer_types[" + std::to_string(i) + "] must be a string");
+      std::string t = lt[i];
+      if (t == "sliding_attention") s.window[i] = sw;
+      else if (t != "full_attention")
+        throw Error(src + ": layer_types[" + std::to_string(i) + "] '" + t + "' is not supported");
+    }
+  } else if (sw > 0) {
+    int64_t mwl = f.has("max_window_layers") ? f.nonnegative_int("max_window_layers") : 0;
+    for (int64_t i = mwl; i < s.layers; ++i) s.window[i] = sw;
+  }
+}
+
 void prenorm_decoder_layer(ForwardContext& c, const LayerWeights& w, int layer) {
   attention_block(c, w, layer);
   mlp_block(c, w);

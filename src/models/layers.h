@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "models/config_fields.h"
 #include "models/family.h"
 
 namespace ingot {
@@ -60,6 +61,10 @@ void declare_mlp(WeightTable& t, const ModelSpec& s, int layer);
 void declare_output(WeightTable& t, const ModelSpec& s);  // final norm and lm_head unless tied
 // The whole table of a Llama-style checkpoint; `extra` adds a family's own per-layer tensors.
 WeightTable llama_style_weights(const ModelSpec& s, void (*extra)(WeightTable&, const ModelSpec&, int) = nullptr);
+
+// Qwen's sliding windows (Qwen2, Qwen3): explicit layer_types win; otherwise, with use_sliding_window,
+// layers from max_window_layers on use sliding_window.
+void qwen_sliding_windows(const ConfigFields& config, ModelSpec& spec);
 
 // Forward helpers.
 void attention_block(ForwardContext& c, const LayerWeights& w, int layer);  // x += attn(norm(x)) (deferred add)

@@ -1,13 +1,20 @@
 // Qwen3 (model_type "qwen3"): the Llama layout plus a per-head RMSNorm on q and k before RoPE
-// (self_attn.q_norm / k_norm, applied inside the fused RoPE + cache-write op), no biases by default,
-// explicit head_dim, optional sliding-window layers.
+// (self_attn.q_norm / k_norm, applied inside the fused RoPE + cache-write op), biases per
+// attention_bias (none by default), head_dim 128 unless given (Qwen3Config's default, not
+// hidden/heads), and Qwen's sliding-window layers.
 #include "models/family.h"
 #include "models/layers.h"
 
 namespace ingot {
 
-static WeightTable qwen3_weights(const ModelSpec& s) { return llama_style_weights(s, declare_qk_norm); }
+namespace {
+void configure(const ConfigFields& f, ModelSpec& s) {
+  s.qk_norm = true;
+  qwen_sliding_windows(f, s);
+}
+WeightTable weights(const ModelSpec& s) { return llama_style_weights(s, declare_qk_norm); }
+}  // namespace
 
-extern const Family kQwen3Family{"qwen3", qwen3_weights, prenorm_decoder_layer};
+extern const Family kQwen3Family{"qwen3", 128, configure, weights, prenorm_decoder_layer};
 
 }  // namespace ingot

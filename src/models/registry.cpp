@@ -1,4 +1,4 @@
-// The list of supported families.
+// The list of supported families: the only one.
 #include "core/error.h"
 #include "models/family.h"
 
@@ -8,14 +8,15 @@ extern const Family kLlamaFamily;
 extern const Family kQwen2Family;
 extern const Family kQwen3Family;
 
-const Family& find_family(const std::string& model_type) {
+const Family& find_family(const std::string& model_type, const std::string& where) {
   static const Family* const kAll[] = {&kLlamaFamily, &kQwen2Family, &kQwen3Family};
   std::string names;
   for (const Family* f : kAll) {
     if (model_type == f->model_type) return *f;
     names += std::string(names.empty() ? "" : ", ") + f->model_type;
   }
-  throw Error("model_type '" + model_type + "' is not supported (supported: " + names + ")");
+  throw Error((where.empty() ? "" : where + ": ") + "model_type '" + model_type + "' is not supported (supported: " +
+              names + ")");
 }
 
 }  // namespace ingot

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "models/rope.h"
 
 namespace ingot {
 
