@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "io/engine_file.h"
-#include "runtime/engine.h"
+#include "io/engine.h"
 #include "runtime/model.h"
 
 namespace ingot::cli {

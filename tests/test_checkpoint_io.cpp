@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "io/engine.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "models/rope.h"
-#include "runtime/engine.h"
 #include "test_helpers.h"
 
 namespace ingot {

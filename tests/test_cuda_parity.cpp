@@ -14,8 +14,8 @@
 #include <filesystem>
 
 #include "backend/backend.h"
+#include "io/engine.h"
 #include "io/engine_file.h"
-#include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/reference_check.h"
 

@@ -266,36 +266,21 @@ std::string cuda_requirement_reason(DType dt) {
   return dt == DType::BF16 ? "bf16 weights" : std::string(dtype_name(dt)) + " weights";
 }
 
+// The runtime weights' names and shapes by name, from the family's weight table: what an engine of
+// this spec holds, exactly.
+std::map<std::string, Shape> weight_shapes(const ModelSpec& s) {
+  std::map<std::string, Shape> shapes;
+  const WeightTable table = weight_table(s);
+  for (const WeightSpec& w : table.entries()) shapes[w.name] = w.shape;
+  return shapes;
+}
+
 }  // namespace
 
 std::string xxh64_hex(uint64_t h) {
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
   return b;
-}
-
-std::map<std::string, Shape> runtime_weight_shapes(const ModelSpec& s) {
-  std::map<std::string, Shape> w;
-  const int64_t qkv_rows = s.q_dim() + 2 * s.kv_dim();
-  w["tok_embeddings"] = {s.vocab, s.hidden};
-  w["final_norm"] = {s.hidden};
-  if (!s.tie_embeddings) w["lm_head"] = {s.vocab, s.hidden};
-  for (int64_t i = 0; i < s.layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    w[p + "attn_norm"] = {s.hidden};
-    w[p + "wqkv"] = {qkv_rows, s.hidden};
-    if (s.qkv_bias) w[p + "bqkv"] = {qkv_rows};
-    if (s.qk_norm) {
-      w[p + "q_norm"] = {s.head_dim};
-      w[p + "k_norm"] = {s.head_dim};
-    }
-    w[p + "wo"] = {s.hidden, s.q_dim()};
-    if (s.o_bias) w[p + "bo"] = {s.hidden};
-    w[p + "mlp_norm"] = {s.hidden};
-    w[p + "w_gate_up"] = {2 * s.intermediate, s.hidden};
-    w[p + "w_down"] = {s.hidden, s.intermediate};
-  }
-  return w;
 }
 
 json kv_cache_json(const ModelSpec& s, CacheLayout layout, int max_batch, int64_t capacity) {
@@ -384,7 +369,7 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
 void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::string& path, const ProgressFn& progress) {
   const ModelSpec& s = eng.spec;
   const std::string where = path + ": ";
-  const std::map<std::string, Shape> expect = runtime_weight_shapes(s);
+  const std::map<std::string, Shape> expect = weight_shapes(s);
   for (auto& [name, shape] : expect) {
     const HostTensor* t = eng.find(name);
     if (!t) throw Error(where + "the engine has no weight '" + name + "'");
@@ -645,7 +630,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   f.object(m, "build_options", "build_options");
 
   // The tensor table: exactly the weights the architecture implies, in bounds, aligned, disjoint.
-  const std::map<std::string, Shape> expect = runtime_weight_shapes(s);
+  const std::map<std::string, Shape> expect = weight_shapes(s);
   const json& table = f.array(m, "tensors", "tensors");
   if (table.size() != expect.size())
     f.fail("tensors", "lists " + std::to_string(table.size()) + " tensors, the architecture implies " +

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "io/engine.h"
 #include "io/model_config.h"
-#include "runtime/engine.h"
 #include "runtime/model.h"
 
 namespace ingot {
@@ -87,9 +87,6 @@ struct EngineFileInfo {
   // The stored bounds as runtime options (max batch, capacity, layout; the rest defaulted).
   RuntimeOptions runtime_options() const;
 };
-
-// Runtime-layout weight names and shapes for a spec (what build_engine produces; see engine.h).
-std::map<std::string, Shape> runtime_weight_shapes(const ModelSpec& spec);
 
 // The KV cache description for a spec and bounds: layout name, per-layer K (and V) shape, axis names
 // and the axis that holds capacity. Computed, never stored independently of the bounds.

@@ -5,9 +5,6 @@
 namespace ingot {
 
 namespace {
-std::string lp(int i) { return "model.layers." + std::to_string(i) + "."; }
-std::string ours(int i) { return "layers." + std::to_string(i) + "."; }
-
 Mat rows(const Mat& m, int64_t T) { return {m.data, m.dtype, T, m.cols, m.ld}; }
 
 // Folds the pending block output into the residual and normalises: the residual add of the previous
@@ -19,50 +16,33 @@ void norm_into_h(ForwardContext& c, const DevWeight& w) {
 }
 }  // namespace
 
-void declare_embeddings(WeightTable& t, const ModelSpec& s) {
-  t.add("model.embed_tokens.weight", "tok_embeddings", {s.vocab, s.hidden});
-}
-
-void declare_attention(WeightTable& t, const ModelSpec& s, int i) {
-  t.add(lp(i) + "input_layernorm.weight", ours(i) + "attn_norm", {s.hidden});
-  t.add(lp(i) + "self_attn.q_proj.weight", ours(i) + "wq", {s.q_dim(), s.hidden});
-  t.add(lp(i) + "self_attn.k_proj.weight", ours(i) + "wk", {s.kv_dim(), s.hidden});
-  t.add(lp(i) + "self_attn.v_proj.weight", ours(i) + "wv", {s.kv_dim(), s.hidden});
-  t.add(lp(i) + "self_attn.o_proj.weight", ours(i) + "wo", {s.hidden, s.q_dim()});
-  if (s.qkv_bias) {
-    t.add(lp(i) + "self_attn.q_proj.bias", ours(i) + "bq", {s.q_dim()});
-    t.add(lp(i) + "self_attn.k_proj.bias", ours(i) + "bk", {s.kv_dim()});
-    t.add(lp(i) + "self_attn.v_proj.bias", ours(i) + "bv", {s.kv_dim()});
-  }
-  if (s.o_bias) t.add(lp(i) + "self_attn.o_proj.bias", ours(i) + "bo", {s.hidden});
-}
-
-void declare_qk_norm(WeightTable& t, const ModelSpec& s, int i) {
-  t.add(lp(i) + "self_attn.q_norm.weight", ours(i) + "q_norm", {s.head_dim});
-  t.add(lp(i) + "self_attn.k_norm.weight", ours(i) + "k_norm", {s.head_dim});
-}
-
-void declare_mlp(WeightTable& t, const ModelSpec& s, int i) {
-  t.add(lp(i) + "post_attention_layernorm.weight", ours(i) + "mlp_norm", {s.hidden});
-  t.add(lp(i) + "mlp.gate_proj.weight", ours(i) + "w_gate", {s.intermediate, s.hidden});
-  t.add(lp(i) + "mlp.up_proj.weight", ours(i) + "w_up", {s.intermediate, s.hidden});
-  t.add(lp(i) + "mlp.down_proj.weight", ours(i) + "w_down", {s.hidden, s.intermediate});
-}
-
-void declare_output(WeightTable& t, const ModelSpec& s) {
-  t.add("model.norm.weight", "final_norm", {s.hidden});
-  if (!s.tie_embeddings) t.add("lm_head.weight", "lm_head", {s.vocab, s.hidden});
-}
-
-WeightTable llama_style_weights(const ModelSpec& s, void (*extra)(WeightTable&, const ModelSpec&, int)) {
+WeightTable decoder_weights(const ModelSpec& s) {
   WeightTable t;
-  declare_embeddings(t, s);
+  const WeightInit ones = WeightInit::Ones;
+  t.add_model(&ModelWeights::embed, "tok_embeddings", {"model.embed_tokens.weight", {s.vocab, s.hidden}});
+  t.add_model(&ModelWeights::final_norm, "final_norm", {"model.norm.weight", {s.hidden}}, ones);
+  if (!s.tie_embeddings) t.add_model(&ModelWeights::lm_head, "lm_head", {"lm_head.weight", {s.vocab, s.hidden}});
   for (int i = 0; i < s.layers; ++i) {
-    declare_attention(t, s, i);
-    if (extra) extra(t, s, i);
-    declare_mlp(t, s, i);
+    const std::string hf = "model.layers." + std::to_string(i) + ".", at = hf + "self_attn.", mlp = hf + "mlp.";
+    t.add_layer(i, &LayerWeights::attn_norm, "attn_norm", {{hf + "input_layernorm.weight", {s.hidden}}}, ones);
+    t.add_layer(i, &LayerWeights::wqkv, "wqkv",
+                {{at + "q_proj.weight", {s.q_dim(), s.hidden}},
+                 {at + "k_proj.weight", {s.kv_dim(), s.hidden}},
+                 {at + "v_proj.weight", {s.kv_dim(), s.hidden}}});
+    if (s.qkv_bias)
+      t.add_layer(i, &LayerWeights::bqkv, "bqkv",
+                  {{at + "q_proj.bias", {s.q_dim()}}, {at + "k_proj.bias", {s.kv_dim()}}, {at + "v_proj.bias", {s.kv_dim()}}});
+    if (s.qk_norm) {
+      t.add_layer(i, &LayerWeights::q_norm, "q_norm", {{at + "q_norm.weight", {s.head_dim}}}, ones);
+      t.add_layer(i, &LayerWeights::k_norm, "k_norm", {{at + "k_norm.weight", {s.head_dim}}}, ones);
+    }
+    t.add_layer(i, &LayerWeights::wo, "wo", {{at + "o_proj.weight", {s.hidden, s.q_dim()}}});
+    if (s.o_bias) t.add_layer(i, &LayerWeights::bo, "bo", {{at + "o_proj.bias", {s.hidden}}});
+    t.add_layer(i, &LayerWeights::mlp_norm, "mlp_norm", {{hf + "post_attention_layernorm.weight", {s.hidden}}}, ones);
+    t.add_layer(i, &LayerWeights::w_gate_up, "w_gate_up",
+                {{mlp + "gate_proj.weight", {s.intermediate, s.hidden}}, {mlp + "up_proj.weight", {s.intermediate, s.hidden}}});
+    t.add_layer(i, &LayerWeights::w_down, "w_down", {{mlp + "down_proj.weight", {s.hidden, s.intermediate}}});
   }
-  declare_output(t, s);
   return t;
 }
 
@@ -142,6 +122,16 @@ void mlp_block(ForwardContext& c, const LayerWeights& w) {
   }
   c.be.linear(act, w.w_down->m, nullptr, rows(c.delta, c.T));
   c.pending_delta = true;
+}
+
+void decoder_forward(ForwardContext& c, const Family& family, const ModelWeights& w, const int32_t* ids) {
+  c.be.embedding(w.embed->m, ids, rows(c.x, c.T));
+  for (int l = 0; l < int(c.spec.layers); ++l) family.layer(c, w.layers[size_t(l)], l);
+  norm_into_h(c, *w.final_norm);  // over every token: the rows the LM head reads are picked afterwards
+}
+
+void lm_head(Backend& be, const ModelWeights& w, const Mat& h, const Mat& logits) {
+  be.linear(h, w.lm_head->m, nullptr, logits);
 }
 
 }  // namespace ingot

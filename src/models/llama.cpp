@@ -8,9 +8,8 @@ namespace ingot {
 
 namespace {
 void configure(const ConfigFields&, ModelSpec&) {}  // nothing beyond the shared fields
-WeightTable weights(const ModelSpec& s) { return llama_style_weights(s); }
 }  // namespace
 
-extern const Family kLlamaFamily{"llama", 0, configure, weights, prenorm_decoder_layer};
+extern const Family kLlamaFamily{"llama", 0, configure, decoder_weights, prenorm_decoder_layer};
 
 }  // namespace ingot

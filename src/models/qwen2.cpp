@@ -1,6 +1,5 @@
 // Qwen2 / Qwen2.5 (model_type "qwen2"): the Llama layout with biases on q/k/v always and none on o
-// (whatever attention_bias says; the base table declares them from the spec), and Qwen's
-// sliding-window layers.
+// (whatever attention_bias says), and Qwen's sliding-window layers.
 #include "models/family.h"
 #include "models/layers.h"
 
@@ -12,9 +11,8 @@ void configure(const ConfigFields& f, ModelSpec& s) {
   s.o_bias = false;
   qwen_sliding_windows(f, s);
 }
-WeightTable weights(const ModelSpec& s) { return llama_style_weights(s); }
 }  // namespace
 
-extern const Family kQwen2Family{"qwen2", 0, configure, weights, prenorm_decoder_layer};
+extern const Family kQwen2Family{"qwen2", 0, configure, decoder_weights, prenorm_decoder_layer};
 
 }  // namespace ingot

@@ -12,9 +12,8 @@ void configure(const ConfigFields& f, ModelSpec& s) {
   s.qk_norm = true;
   qwen_sliding_windows(f, s);
 }
-WeightTable weights(const ModelSpec& s) { return llama_style_weights(s, declare_qk_norm); }
 }  // namespace
 
-extern const Family kQwen3Family{"qwen3", 128, configure, weights, prenorm_decoder_layer};
+extern const Family kQwen3Family{"qwen3", 128, configure, decoder_weights, prenorm_decoder_layer};
 
 }  // namespace ingot

@@ -48,33 +48,7 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     w_[name] = DevWeight{mat(p, t.dtype(), rows, t.shape().back())};
     weight_bytes_ += t.nbytes();
   }
-  auto need = [&](const std::string& n) -> const DevWeight* {
-    auto it = w_.find(n);
-    if (it == w_.end()) throw Error("engine is missing weight '" + n + "'");
-    return &it->second;
-  };
-  auto maybe = [&](const std::string& n) -> const DevWeight* {
-    auto it = w_.find(n);
-    return it == w_.end() ? nullptr : &it->second;
-  };
-  embed_ = need("tok_embeddings");
-  final_norm_ = need("final_norm");
-  lm_head_ = s.tie_embeddings ? embed_ : need("lm_head");
-  for (int i = 0; i < s.layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    LayerWeights lw;
-    lw.attn_norm = need(p + "attn_norm");
-    lw.wqkv = need(p + "wqkv");
-    lw.bqkv = maybe(p + "bqkv");
-    lw.q_norm = maybe(p + "q_norm");
-    lw.k_norm = maybe(p + "k_norm");
-    lw.wo = need(p + "wo");
-    lw.bo = maybe(p + "bo");
-    lw.mlp_norm = need(p + "mlp_norm");
-    lw.w_gate_up = need(p + "w_gate_up");
-    lw.w_down = need(p + "w_down");
-    layers_.push_back(lw);
-  }
+  weights_ = bind_weights(s, family_.weights(s), w_);
 
   // The static cache, zeroed so rows never written read as zeros.
   const size_t per_layer = size_t(opt_.max_batch) * size_t(s.kv_heads) * size_t(opt_.capacity) * size_t(s.head_dim) * as;
@@ -188,7 +162,7 @@ namespace {
 KvLayerView cache_view_thunk(void* owner, int layer) { return static_cast<Model*>(owner)->cache_view(layer); }
 }  // namespace
 
-void Model::run_layers(int64_t T, int max_kv_len, int rows) {
+void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();
   ForwardContext c{be_, s};
@@ -207,11 +181,7 @@ void Model::run_layers(int64_t T, int max_kv_len, int rows) {
   c.rows = rows;
   c.cache_view = cache_view_thunk;
   c.cache_owner = this;
-
-  be_.embedding(embed_->m, ids_.as<int32_t>(), c.x);
-  for (int l = 0; l < s.layers; ++l) family_.layer(c, layers_[size_t(l)], l);
-  // Final norm over every token (the pending MLP output folded into the residual first).
-  be_.add_rmsnorm(c.x, &c.delta, final_norm_->data(), final_norm_->m.dtype, float(s.rms_eps), c.h);
+  decoder_forward(c, family_, weights_, ids_.as<int32_t>());
 }
 
 void Model::upload_meta(const Prepared& p) {
@@ -253,9 +223,9 @@ void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32
 void Model::decode_body(int64_t n, bool sampled) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
-  run_layers(n, int(opt_.capacity), int(n));
+  run_decoder(n, int(opt_.capacity), int(n));
   Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
-  be_.linear(mat(h_.get(), adt, n, spec_.hidden), lm_head_->m, nullptr, lg);
+  lm_head(be_, weights_, mat(h_.get(), adt, n, spec_.hidden), lg);
   if (!sampled) {
     be_.argmax(lg, next_tokens_.as<int32_t>());
     return;
@@ -302,7 +272,7 @@ HostTensor Model::forward(const Batch& batch) {
   Prepared p = prepare(batch);
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
-  run_layers(T, p.max_kv_len, p.rows);
+  run_decoder(T, p.max_kv_len, p.rows);
 
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();
@@ -314,7 +284,7 @@ HostTensor Model::forward(const Batch& batch) {
     Mat g = mat(gathered_.get(), adt, n, s.hidden);
     be_.gather_rows(mat(h_.get(), adt, T, s.hidden), out_idx_.as<int32_t>() + at, g);
     Mat lg = mat(logits_.get(), adt, n, s.vocab);
-    be_.linear(g, lm_head_->m, nullptr, lg);
+    lm_head(be_, weights_, g, lg);
     if (be_.host_memory()) {
       be_.to_f32(lg, out.as<float>() + at * s.vocab);
     } else {

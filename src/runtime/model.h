@@ -1,5 +1,7 @@
 // Model: an Engine's weights placed on a backend, the static KV cache, a workspace sized once, and
-// the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes through.
+// the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes through. What
+// the forward computes is the model code's (models/layers.h, the family); the Model places, sizes and
+// schedules.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,7 +15,7 @@
 #include "core/tensor.h"
 #include "models/family.h"
 #include "models/layers.h"
-#include "runtime/engine.h"
+#include "io/engine.h"
 #include "runtime/sampler.h"
 
 namespace ingot {
@@ -88,7 +90,7 @@ class Model {
  private:
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
-  void run_layers(int64_t T, int max_kv_len, int rows);
+  void run_decoder(int64_t T, int max_kv_len, int rows);  // ids_ [T] -> h_ [T, hidden]
   void upload_meta(const Prepared& p);
   void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
 
@@ -100,11 +102,8 @@ class Model {
   size_t weight_bytes_ = 0, cache_bytes_ = 0, workspace_bytes_ = 0;
 
   std::vector<Buffer> owned_;            // weight and workspace allocations
-  std::map<std::string, DevWeight> w_;   // runtime-layout weights on the backend
-  std::vector<LayerWeights> layers_;
-  const DevWeight* embed_ = nullptr;     // [vocab, hidden]
-  const DevWeight* final_norm_ = nullptr;
-  const DevWeight* lm_head_ = nullptr;   // [vocab, hidden] (the embedding when tied)
+  std::map<std::string, DevWeight> w_;   // runtime-layout weights on the backend, by runtime name
+  ModelWeights weights_;                 // w_ bound by the family's weight table
   std::vector<Buffer> k_cache_, v_cache_;  // per layer: [max_batch, kv_heads, capacity, head_dim] (or flattened)
 
   // Workspace, sized for max_tokens.

@@ -1,5 +1,8 @@
 // Engine: a model's spec plus its weights in the runtime layout (fused QKV and gate/up, one dtype),
-// the output of the build step that every runner executes and that engine files store.
+// what every runner executes. Two ways make one: the build from a checkpoint folder here, and
+// loading an engine file (io/engine_file.h), which stores what a build made. The layout is the
+// family's runtime weight table (models/weights.h).
+#pragma once
 #include <functional>
 #include <map>
 #include <optional>
@@ -8,9 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
-#include "io/model_config.h"
-
-#pragma once
+#include "models/spec.h"
 
 namespace ingot {
 
@@ -23,11 +24,8 @@ struct BuildOptions {
 struct Engine {
   ModelSpec spec;
   DType weight_dtype = DType::F32;
-  // Runtime-layout weights, by our names:
-  //   tok_embeddings [vocab, hidden]; final_norm [hidden]; lm_head [vocab, hidden] (absent when tied)
-  //   layers.{i}.attn_norm [hidden]; .wqkv [(q_heads + 2*kv_heads)*head_dim, hidden]; .bqkv [same rows]
-  //   .q_norm/.k_norm [head_dim]; .wo [hidden, q_heads*head_dim]; .bo [hidden]; .mlp_norm [hidden]
-  //   .w_gate_up [2*intermediate, hidden] (gate rows, then up rows); .w_down [hidden, intermediate]
+  // Runtime-layout weights by runtime name, exactly the entries of the family's weight table
+  // (decoder_weights in models/layers.h lists the names and shapes).
   std::map<std::string, HostTensor> weights;
   nlohmann::json provenance;  // where it was built from (checkpoint files, options)
 
@@ -39,7 +37,9 @@ struct Engine {
   size_t weight_bytes() const;
 };
 
-// Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine.
+// Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine: every
+// checkpoint tensor of the weight table is checked (presence, shape, floating dtype) before any
+// conversion, then converted to the engine dtype and stacked into its runtime weight.
 Engine build_engine(const std::string& checkpoint_dir, const BuildOptions& options = {});
 // An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
 // of real shapes without a checkpoint.

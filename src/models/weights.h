@@ -1,0 +1,84 @@
+// The runtime weight table: every weight of a model in the runtime layout, with the checkpoint tensors
+// it is made of and the place the forward reads it from. A family writes it once (models/family.h);
+// the engine build checks, converts and fuses by it, random engines fill by it, engine files are
+// validated against it, and Model binds the weights on the backend by it.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "models/spec.h"
+
+namespace ingot {
+
+// One weight in backend memory, in the engine's runtime layout.
+struct DevWeight {
+  Mat m;  // rows x cols (vectors are 1 x n)
+  const void* data() const { return m.data; }
+};
+
+// A layer's weights as the forward helpers (models/layers.h) read them; optional ones are null.
+struct LayerWeights {
+  const DevWeight* attn_norm = nullptr;  // [hidden]
+  const DevWeight* wqkv = nullptr;       // [(q_heads + 2*kv_heads) * head_dim, hidden]: q rows, k rows, v rows
+  const DevWeight* bqkv = nullptr;       // [(q_heads + 2*kv_heads) * head_dim] or null
+  const DevWeight* q_norm = nullptr;     // [head_dim] or null
+  const DevWeight* k_norm = nullptr;     // [head_dim] or null
+  const DevWeight* wo = nullptr;         // [hidden, q_heads * head_dim]
+  const DevWeight* bo = nullptr;         // [hidden] or null
+  const DevWeight* mlp_norm = nullptr;   // [hidden]
+  const DevWeight* w_gate_up = nullptr;  // [2 * intermediate, hidden]: gate rows then up rows
+  const DevWeight* w_down = nullptr;     // [hidden, intermediate]
+};
+
+// The whole model's weights on the backend.
+struct ModelWeights {
+  const DevWeight* embed = nullptr;       // [vocab, hidden]
+  const DevWeight* final_norm = nullptr;  // [hidden]
+  const DevWeight* lm_head = nullptr;     // [vocab, hidden] (the embedding when tied)
+  std::vector<LayerWeights> layers;       // [layers]
+};
+
+// A checkpoint tensor by its Hugging Face name, with the shape it must have.
+struct WeightSource {
+  std::string hf_name;
+  Shape shape;
+};
+
+// How random_engine fills a weight: normal (std 0.02), or ones for the RMSNorm weights.
+enum class WeightInit { Normal, Ones };
+
+struct WeightSpec {
+  std::string name;                   // runtime name: tok_embeddings, layers.{i}.wqkv, ...
+  Shape shape;                        // runtime shape: the sources stacked along rows
+  std::vector<WeightSource> sources;  // concatenated along rows in this order (one: a plain copy)
+  WeightInit init = WeightInit::Normal;
+  // Where Model binds it: a field of layer `layer`'s LayerWeights, or (layer -1) of ModelWeights.
+  int layer = -1;
+  const DevWeight* LayerWeights::*layer_field = nullptr;
+  const DevWeight* ModelWeights::*model_field = nullptr;
+};
+
+// A model's weights in the order a build checks them; optional ones (biases, q/k norms, an untied
+// lm_head) are present exactly when the spec has them.
+class WeightTable {
+ public:
+  void add_model(const DevWeight* ModelWeights::*field, std::string name, WeightSource source,
+                 WeightInit init = WeightInit::Normal);
+  // layers.{layer}.{name}, the sources stacked along rows.
+  void add_layer(int layer, const DevWeight* LayerWeights::*field, const std::string& name,
+                 std::vector<WeightSource> sources, WeightInit init = WeightInit::Normal);
+  const std::vector<WeightSpec>& entries() const { return entries_; }
+
+ private:
+  std::vector<WeightSpec> entries_;
+};
+
+// The table's weights looked up (by runtime name) among those placed on the backend; Error naming the
+// first one missing. When the spec ties the embeddings, the LM head is the embedding.
+ModelWeights bind_weights(const ModelSpec& spec, const WeightTable& table,
+                          const std::map<std::string, DevWeight>& placed);
+
+}  // namespace ingot
