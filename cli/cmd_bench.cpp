@@ -78,7 +78,7 @@ void add_bench(CLI::App& app) {
       if (B < 1) throw Error("bench: batch sizes must be positive");
       RuntimeOptions rt;
       rt.max_batch = B;
-      rt.capacity = slots_needed(a->prompt_len, a->new_tokens);
+      rt.capacity = State::slots_needed(a->prompt_len, a->new_tokens);
       rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
       rt = fit_engine_bounds(src, rt, false);
       const auto t_model = Clock::now();
@@ -150,7 +150,7 @@ void add_bench(CLI::App& app) {
                           {"decode_tok_s_per_seq", steps / t_decode},
                           {"decode_tok_s", double(B) * steps / t_decode},
                           {"weight_bytes", m.weight_bytes()},
-                          {"cache_bytes", m.cache_bytes()},
+                          {"cache_bytes", m.state().bytes()},
                           {"workspace_bytes", m.workspace_bytes()},
                           {"peak_memory_bytes", backend->peak_memory_bytes()},
                           {"load_s", load_s},
@@ -176,7 +176,7 @@ void add_bench(CLI::App& app) {
                     "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",
                     B, r["ttft_ms"].get<double>(), r["prefill_tok_s"].get<double>(),
                     r["decode_tok_s_per_seq"].get<double>(), r["decode_tok_s"].get<double>(), m.weight_bytes() / 1e6,
-                    m.cache_bytes() / 1e6, m.workspace_bytes() / 1e6);
+                    m.state().bytes() / 1e6, m.workspace_bytes() / 1e6);
       if (!a->json) std::printf("           load %.3f s, then the model ready in %.3f s\n", load_s, model_init_s);
       if (!a->json && !a->sampling.greedy())
         std::printf("           decode sampled on the device (temperature %g, top-k %d, top-p %g, min-p %g, "

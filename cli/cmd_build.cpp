@@ -63,8 +63,8 @@ void add_build(CLI::App& app) {
     const EngineFileInfo f = inspect_engine(a->output);
     std::printf("wrote %s: %s, %lld layers, %s weights (%.2f MB), max batch %d, capacity %lld, layout %s\n",
                 a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers,
-                std::string(dtype_name(f.weight_dtype)).c_str(), double(engine.weight_bytes()) / 1e6, f.max_batch,
-                (long long)f.capacity, layout_name(f.layout).c_str());
+                std::string(dtype_name(f.weight_dtype)).c_str(), double(engine.weight_bytes()) / 1e6, f.bounds.max_batch,
+                (long long)f.bounds.capacity, layout_name(f.bounds.layout).c_str());
   });
 }
 

@@ -44,7 +44,7 @@ void add_check(CLI::App& app) {
     std::vector<CaseResult> res = run_reference_check(*l.model, ref, co);
     std::printf("model %s  device %s  weights %s  layout %s  atol %g rtol %g\n", a->model.source_name().c_str(),
                 l.backend->name().c_str(), std::string(dtype_name(l.engine->weight_dtype)).c_str(),
-                layout_name(l.model->layout()).c_str(), co.atol, co.rtol);
+                layout_name(l.model->state().layout()).c_str(), co.atol, co.rtol);
     std::printf("%-8s  %14s  %8s  %16s  %s\n", "mode", "max|dlogit|", "allclose", "next-token agree", "result");
     bool ok = true;
     for (const CaseResult& c : res) {

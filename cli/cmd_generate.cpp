@@ -45,7 +45,7 @@ void add_generate(CLI::App& app) {
         ChatOptions co;
         if (cc.enable_thinking >= 0) co.enable_thinking = cc.enable_thinking == 1;
         const size_t n = a->chat ? chat_ids(tk, mj, co).size() : tk.encode(a->prompt, true).size();
-        capacity = slots_needed(int64_t(n), a->text.max_new);
+        capacity = State::slots_needed(int64_t(n), a->text.max_new);
       }
       api::Model model = load_text_model(a->model, capacity);
       const api::GenerateConfig gc = generate_config(a->text, a->ignore_eos);
@@ -59,7 +59,7 @@ void add_generate(CLI::App& app) {
     const int max_new = a->text.max_new;
     std::vector<int32_t> prompt = parse_ids(a->prompt_ids);
     RuntimeOptions rt;
-    rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(prompt.size()), max_new);
+    rt.capacity = a->capacity ? a->capacity : State::slots_needed(int64_t(prompt.size()), max_new);
     Loaded l = load_model(a->model, rt);
     GenerateOptions go;
     go.max_new_tokens = max_new;

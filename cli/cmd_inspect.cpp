@@ -79,9 +79,9 @@ void add_inspect(CLI::App& app) {
                 s.rope.type.c_str());
     std::printf("weights      %s, quantization %s, %zu tensors, %.2f MB\n", std::string(dtype_name(f.weight_dtype)).c_str(),
                 m["weights"]["quantization"].get<std::string>().c_str(), f.tensors.size(), weight_bytes / 1e6);
-    std::printf("bounds       max batch %d, capacity %lld\n", f.max_batch, (long long)f.capacity);
+    std::printf("bounds       max batch %d, capacity %lld\n", f.bounds.max_batch, (long long)f.bounds.capacity);
     const nlohmann::json& kv = m["runtime"]["kv_cache"];
-    std::printf("kv cache     %s %s per layer (K and V), axes %s, capacity on axis %d\n", layout_name(f.layout).c_str(),
+    std::printf("kv cache     %s %s per layer (K and V), axes %s, capacity on axis %d\n", layout_name(f.bounds.layout).c_str(),
                 kv["shape"].dump().c_str(), kv["axes"].dump().c_str(), kv["capacity_axis"].get<int>());
     std::printf("eos ids      %s\n", ints(s.eos_ids).c_str());
     std::printf("parallel     tensor-parallel world size %d, rank %d\n", f.tp_world_size, f.tp_rank);

@@ -67,20 +67,20 @@ EngineSource open_engine(const ModelArgs& a) {
 RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given) {
   if (!src.file) return rt;
   const EngineFileInfo& f = *src.file;
-  if (rt.max_batch > f.max_batch)
+  if (rt.max_batch > f.bounds.max_batch)
     throw Error(f.path + ": this run needs max batch " + std::to_string(rt.max_batch) +
-                " but the engine was built for at most " + std::to_string(f.max_batch) +
+                " but the engine was built for at most " + std::to_string(f.bounds.max_batch) +
                 " (rebuild with `ingot build --max-batch N`)");
-  if (rt.capacity > f.capacity)
+  if (rt.capacity > f.bounds.capacity)
     throw Error(f.path + ": this run needs capacity " + std::to_string(rt.capacity) +
-                " cache slots but the engine was built for at most " + std::to_string(f.capacity) +
+                " cache slots but the engine was built for at most " + std::to_string(f.bounds.capacity) +
                 " (rebuild with `ingot build --capacity N`)");
-  if (layout_given && rt.layout != f.layout)
-    throw Error(f.path + ": the engine was built for the " + layout_name(f.layout) + " cache layout, not " +
+  if (layout_given && rt.layout != f.bounds.layout)
+    throw Error(f.path + ": the engine was built for the " + layout_name(f.bounds.layout) + " cache layout, not " +
                 layout_name(rt.layout) + " (rebuild with `ingot build --layout " + layout_name(rt.layout) + "`)");
-  rt.max_batch = f.max_batch;
-  rt.capacity = f.capacity;
-  rt.layout = f.layout;
+  rt.max_batch = f.bounds.max_batch;
+  rt.capacity = f.bounds.capacity;
+  rt.layout = f.bounds.layout;
   return rt;
 }
 

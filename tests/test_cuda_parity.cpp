@@ -105,7 +105,7 @@ DecodeRun decode_run(const Engine& engine, const Reference& ref, DType dt, bool 
     out.tokens.push_back(next);
     for (int64_t& a : at) ++a;
   }
-  for (int64_t n = 0; n < N; ++n) out.cache.push_back(m.read_cache_row(int(n)));
+  for (int64_t n = 0; n < N; ++n) out.cache.push_back(m.state().read_row(int(n)));
   return out;
 }
 
@@ -151,7 +151,7 @@ TEST_P(CudaParity, EngineFileReloadIsBitwise) {
     save_engine(built, info, path);
     LoadedEngine loaded = load_engine(path);
     auto be = make_cuda_backend(dt);
-    RuntimeOptions rt = info.bounds;
+    RuntimeOptions rt{info.bounds};
     Model a(built, *be, rt), b(loaded.engine, *be, rt);
     Batch batch;
     for (int64_t n = 0; n < ref.rows(); ++n) {

@@ -149,9 +149,9 @@ TEST_P(RoundTrip, ReloadGivesBitwiseTheSameWeightsMetadataAndLogits) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(r->data()) % kEngineAlignment, 0u) << name;
     EXPECT_TRUE(same_bytes(*r, t)) << name;
   }
-  EXPECT_EQ(le.info.max_batch, 2);
-  EXPECT_EQ(le.info.capacity, 32);
-  EXPECT_EQ(le.info.layout, CacheLayout::HeadsFirst);
+  EXPECT_EQ(le.info.bounds.max_batch, 2);
+  EXPECT_EQ(le.info.bounds.capacity, 32);
+  EXPECT_EQ(le.info.bounds.layout, CacheLayout::HeadsFirst);
   EXPECT_EQ(le.info.tp_world_size, 1);
   EXPECT_EQ(le.info.tp_rank, 0);
   EXPECT_EQ(le.info.metadata["weights"]["quantization"], "none");
@@ -170,7 +170,7 @@ TEST_P(RoundTrip, ReloadGivesBitwiseTheSameWeightsMetadataAndLogits) {
   }
   EXPECT_TRUE(saw_config);
 
-  EXPECT_TRUE(same_bytes(run(s.built, s.bounds), run(e, le.info.runtime_options())));
+  EXPECT_TRUE(same_bytes(run(s.built, s.bounds), run(e, RuntimeOptions{le.info.bounds})));
   // A load without verification maps the same bytes.
   LoadOptions nv;
   nv.verify = false;
@@ -182,8 +182,8 @@ TEST_P(RoundTrip, BothCacheLayoutsGiveTheSameLogitsAndSayWhichTheyAre) {
   Saved hf(fx, bounds(2, 32, CacheLayout::HeadsFirst));
   Saved fl(fx, bounds(2, 32, CacheLayout::Flattened));
   LoadedEngine a = load_engine(hf.path), b = load_engine(fl.path);
-  EXPECT_EQ(a.info.layout, CacheLayout::HeadsFirst);
-  EXPECT_EQ(b.info.layout, CacheLayout::Flattened);
+  EXPECT_EQ(a.info.bounds.layout, CacheLayout::HeadsFirst);
+  EXPECT_EQ(b.info.bounds.layout, CacheLayout::Flattened);
   const json& ka = a.info.metadata["runtime"]["kv_cache"];
   const json& kb = b.info.metadata["runtime"]["kv_cache"];
   const ModelSpec& sp = a.info.spec;
@@ -191,7 +191,7 @@ TEST_P(RoundTrip, BothCacheLayoutsGiveTheSameLogitsAndSayWhichTheyAre) {
   EXPECT_EQ(ka["shape"], json({2, sp.kv_heads, 32, sp.head_dim}));
   EXPECT_EQ(kb["capacity_axis"], 1);
   EXPECT_EQ(kb["shape"], json({2, 32, sp.kv_heads * sp.head_dim}));
-  EXPECT_TRUE(same_bytes(run(a.engine, a.info.runtime_options()), run(b.engine, b.info.runtime_options())));
+  EXPECT_TRUE(same_bytes(run(a.engine, RuntimeOptions{a.info.bounds}), run(b.engine, RuntimeOptions{b.info.bounds})));
 }
 
 TEST_P(RoundTrip, ReloadInASeparateProcessPassesTheReferenceCheck) {
@@ -227,9 +227,9 @@ TEST(EngineBounds, RequestsBeyondTheStoredBoundsFailAsBeforeSaving) {
   LoadedEngine le = load_engine(s.path);
   auto be = make_cpu_backend();
   Model before(s.built, *be, s.bounds);
-  Model after(le.engine, *be, le.info.runtime_options());
-  EXPECT_EQ(after.max_batch(), 2);
-  EXPECT_EQ(after.capacity(), 16);
+  Model after(le.engine, *be, RuntimeOptions{le.info.bounds});
+  EXPECT_EQ(after.state().max_batch(), 2);
+  EXPECT_EQ(after.state().capacity(), 16);
   const Batch too_long{{BatchRow{0, seq(17, 1), 0, {}, false}}};
   const Batch bad_row{{BatchRow{2, seq(3, 1), 0, {}, false}}};
   for (const Batch* b : {&too_long, &bad_row}) {

@@ -34,13 +34,13 @@ TEST(KvCache, RowsOutsideACallAreUntouched) {
   for (int r = 0; r < 4; ++r) fill.rows.push_back(BatchRow{r, seq(10 + r, r), 0, {}, false});
   m.forward(fill);
   std::vector<std::vector<uint8_t>> before;
-  for (int r = 0; r < 4; ++r) before.push_back(m.read_cache_row(r));
+  for (int r = 0; r < 4; ++r) before.push_back(m.state().read_row(r));
   // Touch rows 1 and 2 only, at different write indices and chunk lengths.
   m.forward(Batch{{BatchRow{1, seq(3, 9), 11, {}, true}, BatchRow{2, seq(1, 4), 12, {}, false}}});
-  EXPECT_EQ(m.read_cache_row(0), before[0]);
-  EXPECT_EQ(m.read_cache_row(3), before[3]);
-  EXPECT_NE(m.read_cache_row(1), before[1]);
-  EXPECT_NE(m.read_cache_row(2), before[2]);
+  EXPECT_EQ(m.state().read_row(0), before[0]);
+  EXPECT_EQ(m.state().read_row(3), before[3]);
+  EXPECT_NE(m.state().read_row(1), before[1]);
+  EXPECT_NE(m.state().read_row(2), before[2]);
 }
 
 TEST(KvCache, CapacityBoundaryIsExact) {
@@ -53,10 +53,10 @@ TEST(KvCache, CapacityBoundaryIsExact) {
   go.max_new_tokens = 9;
   EXPECT_EQ(generate_greedy(m, seq(12), go).size(), 9u);
   // One more token needs 21 slots: rejected before any compute, cache untouched.
-  const std::vector<uint8_t> before = m.read_cache_row(0);
+  const std::vector<uint8_t> before = m.state().read_row(0);
   go.max_new_tokens = 10;
   test::expect_error([&] { generate_greedy(m, seq(12, 7), go); }, {"21 cache slots", "capacity is 20"});
-  EXPECT_EQ(m.read_cache_row(0), before);
+  EXPECT_EQ(m.state().read_row(0), before);
   // The same rule at the forward level.
   EXPECT_NO_THROW(m.forward(Batch{{BatchRow{0, seq(4), 16, {}, false}}}));
   test::expect_error([&] { m.forward(Batch{{BatchRow{0, seq(5), 16, {}, false}}}); }, {"capacity is 20"});

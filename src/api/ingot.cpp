@@ -128,11 +128,11 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
     if (!c.dtype.empty() && parse_dtype(c.dtype) != le.engine.weight_dtype)
       throw Error(path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
                   " weights; rebuild it to change the dtype");
-    if (c.capacity > le.info.capacity)
+    if (c.capacity > le.info.bounds.capacity)
       throw Error(path + ": this run needs capacity " + std::to_string(c.capacity) +
-                  " cache slots but the engine was built for at most " + std::to_string(le.info.capacity) +
+                  " cache slots but the engine was built for at most " + std::to_string(le.info.bounds.capacity) +
                   " (rebuild with `ingot build --capacity N`)");
-    rt = le.info.runtime_options();
+    rt = RuntimeOptions{le.info.bounds};
     im->tokenizer = tokenizer_from_engine(le.info);
     im->engine = std::make_unique<Engine>(std::move(le.engine));
 #ifdef INGOT_WITH_CUDA
@@ -200,7 +200,7 @@ std::vector<float> Model::logits(const std::vector<int32_t>& ids) {
 }
 
 int64_t Model::vocab_size() const { return impl_->model->spec().vocab; }
-int64_t Model::capacity() const { return impl_->model->capacity(); }
+int64_t Model::capacity() const { return impl_->model->state().capacity(); }
 std::string Model::device() const { return impl_->device; }
 double Model::load_seconds() const { return impl_->load_s; }
 void Model::reset() {

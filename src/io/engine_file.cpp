@@ -193,8 +193,6 @@ constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxPositions = int64_t(1) << 30;
-constexpr int64_t kMaxCapacity = int64_t(1) << 30;  // the runtime's own limit
-constexpr int64_t kMaxBatch = int64_t(1) << 20;
 
 // Checks the architecture block's types and ranges, then reads it with spec_from_json (which
 // expects well-typed fields) and checks what relates fields to each other.
@@ -283,29 +281,13 @@ std::string xxh64_hex(uint64_t h) {
   return b;
 }
 
-json kv_cache_json(const ModelSpec& s, CacheLayout layout, int max_batch, int64_t capacity) {
-  json j = {{"layout", layout_name(layout)}, {"tensors_per_layer", json::array({"k", "v"})}, {"layers", s.layers}};
-  if (layout == CacheLayout::HeadsFirst) {
-    j["axes"] = {"batch", "kv_heads", "capacity", "head_dim"};
-    j["shape"] = {max_batch, s.kv_heads, capacity, s.head_dim};
-    j["capacity_axis"] = 2;
-  } else {
-    j["axes"] = {"batch", "capacity", "kv_heads*head_dim"};
-    j["shape"] = {max_batch, capacity, s.kv_heads * s.head_dim};
-    j["capacity_axis"] = 1;
-  }
-  return j;
+json kv_cache_json(const ModelSpec& s, const CacheBounds& b) {
+  const KvShape k = kv_shape(s, b);
+  return {{"layout", layout_name(b.layout)}, {"tensors_per_layer", json::array({"k", "v"})}, {"layers", s.layers},
+          {"axes", k.axes}, {"shape", k.shape}, {"capacity_axis", k.capacity_axis}};
 }
 
 std::pair<int, int> min_cuda_capability(DType dt) { return dt == DType::BF16 ? std::pair{8, 0} : std::pair{7, 0}; }
-
-RuntimeOptions EngineFileInfo::runtime_options() const {
-  RuntimeOptions o;
-  o.max_batch = max_batch;
-  o.capacity = capacity;
-  o.layout = layout;
-  return o;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Building
@@ -385,9 +367,9 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   DType wdt;
   if (!parse_weight_dtype(std::string(dtype_name(eng.weight_dtype)), wdt))
     throw Error(where + "weight dtype " + std::string(dtype_name(eng.weight_dtype)) + " cannot be stored in an engine");
-  const int max_batch = info.bounds.max_batch;
-  const int64_t capacity = info.bounds.capacity ? info.bounds.capacity : s.max_position;
-  check_bounds(where, max_batch, capacity);
+  CacheBounds bounds = info.bounds;
+  if (!bounds.capacity) bounds.capacity = default_capacity(s);
+  check_bounds(where, bounds.max_batch, bounds.capacity);
   if (info.tp_world_size < 1 || info.tp_rank < 0 || info.tp_rank >= info.tp_world_size)
     throw Error(where + "tensor-parallel rank " + std::to_string(info.tp_rank) + " of world size " +
                 std::to_string(info.tp_world_size) + " is not valid");
@@ -408,10 +390,10 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
                   {"quantization", "none"},
                   {"count", order.size()},
                   {"bytes", total}};
-  m["runtime"] = {{"max_batch", max_batch},
-                  {"capacity", capacity},
-                  {"layout", layout_name(info.bounds.layout)},
-                  {"kv_cache", kv_cache_json(s, info.bounds.layout, max_batch, capacity)}};
+  m["runtime"] = {{"max_batch", bounds.max_batch},
+                  {"capacity", bounds.capacity},
+                  {"layout", layout_name(bounds.layout)},
+                  {"kv_cache", kv_cache_json(s, bounds)}};
   m["parallel"] = {{"tp_world_size", info.tp_world_size}, {"tp_rank", info.tp_rank}};
   const auto [cc_major, cc_minor] = min_cuda_capability(eng.weight_dtype);
   m["requirements"] = {{"cuda_min_capability", {cc_major, cc_minor}}, {"reason", cuda_requirement_reason(eng.weight_dtype)}};
@@ -585,12 +567,12 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   if (quant != "none") f.fail("weights.quantization", "'" + quant + "' is not supported by this version (only \"none\")");
   // runtime bounds, and the cache description they imply
   const json& rt = f.object(m, "runtime", "runtime");
-  info.max_batch = int(f.integer(rt, "runtime.max_batch", "max_batch", 1, kMaxBatch));
-  info.capacity = f.integer(rt, "runtime.capacity", "capacity", 1, kMaxCapacity);
+  info.bounds.max_batch = int(f.integer(rt, "runtime.max_batch", "max_batch", 1, kMaxBatch));
+  info.bounds.capacity = f.integer(rt, "runtime.capacity", "capacity", 1, kMaxCapacity);
   const std::string lay = f.string(rt, "runtime.layout", "layout");
   if (lay != "heads_first" && lay != "flattened") f.fail("runtime.layout", "'" + lay + "' is not heads_first or flattened");
-  info.layout = parse_layout(lay);
-  const json implied = kv_cache_json(s, info.layout, info.max_batch, info.capacity);
+  info.bounds.layout = parse_layout(lay);
+  const json implied = kv_cache_json(s, info.bounds);
   if (f.field(rt, "runtime.kv_cache", "kv_cache") != implied)
     f.fail("runtime.kv_cache", "disagrees with what the architecture and bounds imply (" + implied.dump() + ")");
   // parallelism

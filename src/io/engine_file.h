@@ -15,7 +15,7 @@
 #include "core/tensor.h"
 #include "io/engine.h"
 #include "io/model_config.h"
-#include "runtime/model.h"
+#include "models/state_layout.h"
 
 namespace ingot {
 
@@ -51,8 +51,8 @@ struct CheckpointExtras {
 CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& progress = {});
 
 struct EngineBuildInfo {
-  // Bounds the engine is built for; capacity 0 means the model's max_position. Other fields unused.
-  RuntimeOptions bounds;
+  // Bounds the engine is built for; capacity 0 means default_capacity(spec).
+  CacheBounds bounds;
   std::optional<DType> requested_dtype;  // as given to the build (recorded; the Engine's dtype is what counts)
   CheckpointExtras source;               // may be empty (engines not built from a folder)
   int tp_world_size = 1, tp_rank = 0;
@@ -75,22 +75,18 @@ struct EngineFileInfo {
   nlohmann::json metadata;  // the whole metadata document
   ModelSpec spec;
   DType weight_dtype = DType::F32;
-  int max_batch = 1;
-  int64_t capacity = 0;
-  CacheLayout layout = CacheLayout::HeadsFirst;
+  CacheBounds bounds;  // what the engine was built for (capacity resolved)
   int tp_world_size = 1, tp_rank = 0;
   int min_cuda_major = 0, min_cuda_minor = 0;
   std::optional<std::string> tokenizer_json, tokenizer_config_json, special_tokens_map_json, chat_template;
   nlohmann::json generation_defaults;
   std::vector<EngineTensorRecord> tensors;  // in file order
-
-  // The stored bounds as runtime options (max batch, capacity, layout; the rest defaulted).
-  RuntimeOptions runtime_options() const;
 };
 
-// The KV cache description for a spec and bounds: layout name, per-layer K (and V) shape, axis names
-// and the axis that holds capacity. Computed, never stored independently of the bounds.
-nlohmann::json kv_cache_json(const ModelSpec& spec, CacheLayout layout, int max_batch, int64_t capacity);
+// The KV cache description for a spec and bounds (capacity resolved): layout name, per-layer K (and V)
+// shape, axis names and the axis that holds capacity (kv_shape in models/state_layout.h). Computed,
+// never stored independently of the bounds.
+nlohmann::json kv_cache_json(const ModelSpec& spec, const CacheBounds& bounds);
 
 // Least CUDA compute capability the weights' dtype needs (bf16: 8.0; f16/f32: 7.0).
 std::pair<int, int> min_cuda_capability(DType weight_dtype);

@@ -78,7 +78,7 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   Mat qkv = rows(c.qkv, c.T);
   c.be.linear(rows(c.h, c.T), w.wqkv->m, w.bqkv ? w.bqkv->data() : nullptr, qkv);
 
-  KvLayerView cache = c.cache_view(c.cache_owner, layer);
+  const KvLayerView& cache = c.state.kv(layer);
   RopeWriteParams rp;
   rp.qkv = qkv;
   rp.q_norm = w.q_norm ? w.q_norm->data() : nullptr;

@@ -9,15 +9,17 @@
 #include "models/config_fields.h"
 #include "models/family.h"
 #include "models/spec.h"
+#include "models/state_layout.h"
 #include "models/weights.h"
 
 namespace ingot {
 
 // Activations of one forward call, all [T, ...] token-major in backend memory, plus what the helpers
-// need to address the cache. Sized once for the largest call; T is this call's token count.
+// need to address the state. Sized once for the largest call; T is this call's token count.
 struct ForwardContext {
   Backend& be;
   const ModelSpec& spec;
+  const StateView& state;  // each layer's K/V (runtime/state.h)
   int64_t T = 0;
   Mat x{};        // [T, hidden] residual stream
   Mat h{};        // [T, hidden] normalised input of the current block
@@ -32,8 +34,6 @@ struct ForwardContext {
   float rope_scale = 1.0f;
   int max_kv_len = 0;
   int rows = 0;  // distinct cache rows in the call
-  KvLayerView (*cache_view)(void* owner, int layer) = nullptr;
-  void* cache_owner = nullptr;
 };
 
 // The runtime table of a Llama-style checkpoint, model-level weights first, then each layer's:

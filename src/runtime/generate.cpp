@@ -16,11 +16,7 @@ int32_t argmax_row(const HostTensor& logits, int64_t r) {
 void check_fits(const Model& m, int64_t prompt_len, int max_new_tokens) {
   if (prompt_len < 1) throw Error("generate: the prompt is empty");
   if (max_new_tokens < 1) throw Error("generate: max_new_tokens must be at least 1");
-  const int64_t need = slots_needed(prompt_len, max_new_tokens);
-  if (need > m.capacity())
-    throw Error("generate: the request needs " + std::to_string(need) + " cache slots (prompt " +
-                std::to_string(prompt_len) + " + max_new_tokens " + std::to_string(max_new_tokens) +
-                " - 1) but the capacity is " + std::to_string(m.capacity()));
+  m.state().check_request(prompt_len, max_new_tokens);
 }
 
 HostTensor prefill_row(Model& m, int row, std::span<const int32_t> tokens, int64_t start, int64_t chunk) {

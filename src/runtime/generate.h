@@ -20,14 +20,8 @@ struct GenerateOptions {
 // Called once per generated token: step (0 = the token from prefill), whether it came from prefill.
 using TokenCallback = std::function<void(int step, bool from_prefill, int32_t token)>;
 
-// Cache slots a request needs: the prompt plus every generated token but the last, which is never
-// written back.
-inline int64_t slots_needed(int64_t prompt_len, int64_t max_new_tokens) {
-  return prompt_len + std::max<int64_t>(max_new_tokens, 1) - 1;
-}
-
-// Throws Error (before any compute) when a prompt of prompt_len plus max_new_tokens does not fit the
-// model's capacity.
+// Throws Error (before any compute) when the request is empty, or when a prompt of prompt_len plus
+// max_new_tokens does not fit the model's capacity (State's rule).
 void check_fits(const Model& model, int64_t prompt_len, int max_new_tokens);
 
 // Runs `tokens` through one cache row from slot `start` on, in calls of at most `chunk` tokens (0 = as

@@ -8,14 +8,6 @@
 
 namespace ingot {
 
-std::string layout_name(CacheLayout l) { return l == CacheLayout::HeadsFirst ? "heads_first" : "flattened"; }
-
-CacheLayout parse_layout(const std::string& s) {
-  if (s == "heads_first") return CacheLayout::HeadsFirst;
-  if (s == "flattened") return CacheLayout::Flattened;
-  throw Error("unknown cache layout '" + s + "' (expected heads_first or flattened)");
-}
-
 struct Model::Prepared {
   std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
   int max_kv_len = 0;
@@ -23,12 +15,10 @@ struct Model::Prepared {
 };
 
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
-    : engine_(engine), be_(be), spec_(engine.spec), family_(find_family(engine.spec.family)), opt_(options) {
+    : engine_(engine), be_(be), spec_(engine.spec), family_(find_family(engine.spec.family)),
+      state_(be, spec_, options), opt_(options) {
   const ModelSpec& s = spec_;
-  if (opt_.max_batch < 1) throw Error("max batch must be at least 1, got " + std::to_string(opt_.max_batch));
-  if (opt_.capacity == 0) opt_.capacity = s.max_position;
-  if (opt_.capacity < 1) throw Error("capacity must be at least 1");
-  if (opt_.capacity > (int64_t(1) << 30)) throw Error("capacity " + std::to_string(opt_.capacity) + " exceeds 2^30 slots");
+  static_cast<CacheBounds&>(opt_) = state_.bounds();  // the capacity's default resolved
   if (opt_.max_tokens == 0) opt_.max_tokens = std::min<int64_t>(int64_t(opt_.max_batch) * opt_.capacity, 4096);
   if (opt_.max_logit_rows == 0) opt_.max_logit_rows = std::max<int64_t>(opt_.max_batch, 64);
   const DType adt = be_.activation_dtype();
@@ -49,16 +39,6 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     weight_bytes_ += t.nbytes();
   }
   weights_ = bind_weights(s, family_.weights(s), w_);
-
-  // The static cache, zeroed so rows never written read as zeros.
-  const size_t per_layer = size_t(opt_.max_batch) * size_t(s.kv_heads) * size_t(opt_.capacity) * size_t(s.head_dim) * as;
-  for (int i = 0; i < s.layers; ++i) {
-    k_cache_.emplace_back(be_, per_layer);
-    v_cache_.emplace_back(be_, per_layer);
-    be_.fill_zero(k_cache_.back().get(), per_layer);
-    be_.fill_zero(v_cache_.back().get(), per_layer);
-  }
-  cache_bytes_ = per_layer * 2 * size_t(s.layers);
 
   const size_t T = size_t(opt_.max_tokens), L = size_t(opt_.max_logit_rows);
   auto ws = [&](Buffer& b, size_t bytes) {
@@ -92,24 +72,6 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
 
 Model::~Model() = default;
 
-KvLayerView Model::cache_view(int layer) const {
-  const ModelSpec& s = spec_;
-  KvLayerView v;
-  v.k = k_cache_[size_t(layer)].get();
-  v.v = v_cache_[size_t(layer)].get();
-  v.dtype = be_.activation_dtype();
-  v.capacity = opt_.capacity;
-  v.batch_stride = s.kv_heads * opt_.capacity * s.head_dim;
-  if (opt_.layout == CacheLayout::HeadsFirst) {  // [B, kv_heads, capacity, head_dim]
-    v.head_stride = opt_.capacity * s.head_dim;
-    v.slot_stride = s.head_dim;
-  } else {  // [B, capacity, kv_heads * head_dim]
-    v.head_stride = s.head_dim;
-    v.slot_stride = s.kv_heads * s.head_dim;
-  }
-  return v;
-}
-
 Model::Prepared Model::prepare(const Batch& b) const {
   if (b.rows.empty()) throw Error("forward: the batch has no rows");
   if (int64_t(b.rows.size()) > opt_.max_batch)
@@ -127,9 +89,7 @@ Model::Prepared Model::prepare(const Batch& b) const {
     const int64_t len = int64_t(br.tokens.size());
     if (len == 0) throw Error(who + ": empty token chunk");
     if (br.write_index < 0) throw Error(who + ": negative write index");
-    if (br.write_index + len > opt_.capacity)
-      throw Error(who + ": needs cache slots up to " + std::to_string(br.write_index + len) + " but the capacity is " +
-                  std::to_string(opt_.capacity));
+    state_.check_chunk(who, br.write_index, len);
     if (!br.positions.empty() && int64_t(br.positions.size()) != len)
       throw Error(who + ": " + std::to_string(br.positions.size()) + " positions for " + std::to_string(len) + " tokens");
     total += len;
@@ -158,14 +118,10 @@ Model::Prepared Model::prepare(const Batch& b) const {
   return p;
 }
 
-namespace {
-KvLayerView cache_view_thunk(void* owner, int layer) { return static_cast<Model*>(owner)->cache_view(layer); }
-}  // namespace
-
 void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();
-  ForwardContext c{be_, s};
+  ForwardContext c{be_, s, state_.view()};
   c.T = T;
   c.x = mat(x_.get(), adt, T, s.hidden);
   c.h = mat(h_.get(), adt, T, s.hidden);
@@ -179,8 +135,6 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   c.rope_scale = rope_scale_;
   c.max_kv_len = max_kv_len;
   c.rows = rows;
-  c.cache_view = cache_view_thunk;
-  c.cache_owner = this;
   decoder_forward(c, family_, weights_, ids_.as<int32_t>());
 }
 
@@ -195,8 +149,8 @@ void Model::upload_meta(const Prepared& p) {
 }
 
 void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws) {
-  if (row < 0 || row >= opt_.max_batch)
-    throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(opt_.max_batch) + ")");
+  if (row < 0 || row >= state_.max_batch())
+    throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(state_.max_batch()) + ")");
   p.validate();
   // The argmax reads neither the counter nor the history; the history only matters with a penalty.
   std::vector<uint8_t> seen;
@@ -223,7 +177,7 @@ void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32
 void Model::decode_body(int64_t n, bool sampled) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
-  run_decoder(n, int(opt_.capacity), int(n));
+  run_decoder(n, int(state_.capacity()), int(n));
   Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
   lm_head(be_, weights_, mat(h_.get(), adt, n, spec_.hidden), lg);
   if (!sampled) {
@@ -293,20 +247,6 @@ HostTensor Model::forward(const Batch& batch) {
       std::vector<uint8_t> raw(size_t(n * s.vocab) * dtype_size(adt));
       be_.download(raw.data(), lg.data, raw.size());
       convert_to_f32(adt, raw.data(), out.as<float>() + at * s.vocab, size_t(n * s.vocab));
-    }
-  }
-  return out;
-}
-
-std::vector<uint8_t> Model::read_cache_row(int row) {
-  const size_t as = dtype_size(be_.activation_dtype());
-  const size_t row_bytes = size_t(spec_.kv_heads) * size_t(opt_.capacity) * size_t(spec_.head_dim) * as;
-  std::vector<uint8_t> out;
-  for (int l = 0; l < spec_.layers; ++l) {
-    for (const Buffer* b : {&k_cache_[size_t(l)], &v_cache_[size_t(l)]}) {
-      size_t at = out.size();
-      out.resize(at + row_bytes);
-      be_.download(out.data() + at, b->as<uint8_t>() + size_t(row) * row_bytes, row_bytes);
     }
   }
   return out;

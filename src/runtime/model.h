@@ -1,7 +1,7 @@
-// Model: an Engine's weights placed on a backend, the static KV cache, a workspace sized once, and
-// the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes through. What
-// the forward computes is the model code's (models/layers.h, the family); the Model places, sizes and
-// schedules.
+// Model: an Engine's weights placed on a backend, the static State (the KV cache), a workspace sized
+// once, and the one forward that every path (prefill, chunked prefill, decode, mixed batches) goes
+// through. What the forward computes is the model code's (models/layers.h, the family); the Model
+// places, sizes and schedules.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,21 +13,16 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "io/engine.h"
 #include "models/family.h"
 #include "models/layers.h"
-#include "io/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/state.h"
 
 namespace ingot {
 
-enum class CacheLayout { HeadsFirst, Flattened };
-std::string layout_name(CacheLayout l);
-CacheLayout parse_layout(const std::string& s);
-
-struct RuntimeOptions {
-  int max_batch = 1;          // cache rows
-  int64_t capacity = 0;       // cache slots per row; 0 = the model's max_position_embeddings
-  CacheLayout layout = CacheLayout::HeadsFirst;
+// The state's bounds (cache rows, slots, layout) and the workspace settings.
+struct RuntimeOptions : CacheBounds {
   int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
   int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
   bool use_graphs = true;     // capture decode steps as graphs where the backend supports it
@@ -75,17 +70,11 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   Backend& backend() { return be_; }
-  int max_batch() const { return opt_.max_batch; }
-  int64_t capacity() const { return opt_.capacity; }
+  // The cache rows, their capacity and layout, and the capacity rule.
+  const State& state() const { return state_; }
   int64_t max_tokens() const { return opt_.max_tokens; }
-  CacheLayout layout() const { return opt_.layout; }
   size_t weight_bytes() const { return weight_bytes_; }
-  size_t cache_bytes() const { return cache_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
-
-  // The raw bytes of one cache row (K then V of every layer), for tests of slot preservation.
-  std::vector<uint8_t> read_cache_row(int row);
-  KvLayerView cache_view(int layer) const;
 
  private:
   struct Prepared;
@@ -98,13 +87,13 @@ class Model {
   Backend& be_;
   ModelSpec spec_;
   const Family& family_;
-  RuntimeOptions opt_;
-  size_t weight_bytes_ = 0, cache_bytes_ = 0, workspace_bytes_ = 0;
+  State state_;
+  RuntimeOptions opt_;  // every default resolved (the bounds as state_ resolved them)
+  size_t weight_bytes_ = 0, workspace_bytes_ = 0;
 
   std::vector<Buffer> owned_;            // weight and workspace allocations
   std::map<std::string, DevWeight> w_;   // runtime-layout weights on the backend, by runtime name
   ModelWeights weights_;                 // w_ bound by the family's weight table
-  std::vector<Buffer> k_cache_, v_cache_;  // per layer: [max_batch, kv_heads, capacity, head_dim] (or flattened)
 
   // Workspace, sized for max_tokens.
   Buffer x_, h_, delta_, qkv_, attn_, gate_up_, act_;  // activations, see ForwardContext

@@ -81,14 +81,14 @@ Reference load_reference(const std::string& path) {
 }
 
 int64_t reference_capacity(const Reference& r) {
-  return std::max(r.seq(), slots_needed(r.greedy_prompt_len, r.greedy_new()));
+  return std::max(r.seq(), State::slots_needed(r.greedy_prompt_len, r.greedy_new()));
 }
 
 std::vector<CaseResult> run_reference_check(Model& m, const Reference& ref, const CheckOptions& o) {
   const int64_t N = ref.rows(), S = ref.seq(), V = ref.vocab();
   if (V != m.spec().vocab)
     throw Error("reference vocabulary " + std::to_string(V) + " differs from the model's " + std::to_string(m.spec().vocab));
-  if (m.capacity() < reference_capacity(ref) || m.max_batch() < N)
+  if (m.state().capacity() < reference_capacity(ref) || m.state().max_batch() < N)
     throw Error("the model's cache is too small for the reference (needs batch " + std::to_string(N) + ", capacity " +
                 std::to_string(reference_capacity(ref)) + ")");
   const float* R = ref.logits.as<float>();

@@ -1,0 +1,36 @@
+#include "models/state_layout.h"
+
+#include "core/error.h"
+
+namespace ingot {
+
+std::string layout_name(CacheLayout l) { return l == CacheLayout::HeadsFirst ? "heads_first" : "flattened"; }
+
+CacheLayout parse_layout(const std::string& s) {
+  if (s == "heads_first") return CacheLayout::HeadsFirst;
+  if (s == "flattened") return CacheLayout::Flattened;
+  throw Error("unknown cache layout '" + s + "' (expected heads_first or flattened)");
+}
+
+int64_t default_capacity(const ModelSpec& spec) { return spec.max_position; }
+
+KvShape kv_shape(const ModelSpec& s, const CacheBounds& b) {
+  KvShape k;
+  k.batch_stride = s.kv_heads * b.capacity * s.head_dim;
+  if (b.layout == CacheLayout::HeadsFirst) {
+    k.shape = {b.max_batch, s.kv_heads, b.capacity, s.head_dim};
+    k.axes = {"batch", "kv_heads", "capacity", "head_dim"};
+    k.capacity_axis = 2;
+    k.head_stride = b.capacity * s.head_dim;
+    k.slot_stride = s.head_dim;
+  } else {
+    k.shape = {b.max_batch, b.capacity, s.kv_heads * s.head_dim};
+    k.axes = {"batch", "capacity", "kv_heads*head_dim"};
+    k.capacity_axis = 1;
+    k.head_stride = s.head_dim;
+    k.slot_stride = s.kv_heads * s.head_dim;
+  }
+  return k;
+}
+
+}  // namespace ingot

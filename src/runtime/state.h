@@ -1,0 +1,67 @@
+// State: the static per-row state of every layer of a Model, allocated once when the Model is made,
+// at addresses that never change (decode graphs are captured against them and replayed). It owns the
+// buffers, their sizes, their zeroing, the raw row read that tests use, and the one capacity rule.
+// Layers reach it through the typed StateView (models/state_layout.h) that ForwardContext carries.
+//
+// Attention layers keep K and V, one buffer each per layer (kv_shape in models/state_layout.h):
+//   heads-first  [max_batch, kv_heads, capacity, head_dim]
+//   flattened    [max_batch, capacity, kv_heads * head_dim]
+// Linear-attention layers (Qwen3.5's Gated DeltaNet, not yet supported) will be a second layer kind
+// beside them: a conv state [max_batch, conv_channels, kernel - 1] and a recurrent state
+// [max_batch, v_heads, k_dim, v_dim] in f32 per layer, with no capacity of their own; the capacity
+// rule below stays the attention layers'.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "models/spec.h"
+#include "models/state_layout.h"
+
+namespace ingot {
+
+class State {
+ public:
+  // Allocates and zeroes the state in the backend's activation dtype (so rows never written read as
+  // zeros). Capacity 0 takes default_capacity(spec); Error, before allocating, for bounds out of range.
+  State(Backend& backend, const ModelSpec& spec, const CacheBounds& bounds);
+
+  // Bytes the state of `spec` takes at `bounds` (capacity resolved) in `dtype`: what the constructor
+  // allocates.
+  static size_t bytes(const ModelSpec& spec, const CacheBounds& bounds, DType dtype);
+
+  const CacheBounds& bounds() const { return bounds_; }
+  int max_batch() const { return bounds_.max_batch; }
+  int64_t capacity() const { return bounds_.capacity; }
+  CacheLayout layout() const { return bounds_.layout; }
+  size_t bytes() const { return bytes_; }
+
+  // The capacity rule. A chunk of `len` tokens written from `write_index` takes that row's slots
+  // write_index .. write_index + len - 1, all below the capacity. A request of a prompt and up to
+  // max_new_tokens generated tokens takes slots_needed() slots: the last generated token is never
+  // written back.
+  static int64_t slots_needed(int64_t prompt_len, int64_t max_new_tokens) {
+    return prompt_len + std::max<int64_t>(max_new_tokens, 1) - 1;
+  }
+  // Error (prefixed by `who`) unless the chunk fits its row.
+  void check_chunk(const std::string& who, int64_t write_index, int64_t len) const;
+  // Error unless a request of prompt_len tokens and max_new_tokens new ones fits one row.
+  void check_request(int64_t prompt_len, int64_t max_new_tokens) const;
+
+  const StateView& view() const { return view_; }
+
+  // The raw bytes of one row (K then V of every layer), for tests of slot preservation.
+  std::vector<uint8_t> read_row(int row) const;
+
+ private:
+  Backend& be_;
+  CacheBounds bounds_;  // capacity resolved
+  size_t row_bytes_ = 0;  // one row of one K (or V) buffer
+  size_t bytes_ = 0;
+  std::vector<Buffer> k_, v_;  // [layers], each kv_shape(spec, bounds_)
+  StateView view_;
+};
+
+}  // namespace ingot
