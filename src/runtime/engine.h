@@ -18,6 +18,9 @@ struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Called with checkpoint bytes converted so far and in all (for a progress bar).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model
+  // does not use but that cannot change its output); unset: printed to stderr as "warning: ...".
+  std::function<void(const std::string& line)> warn;
 };
 
 struct Engine {
@@ -40,6 +43,9 @@ struct Engine {
 };
 
 // Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine.
+// Refuses, naming the tensors, a checkpoint that does not match its config: a tensor missing or of
+// another shape, or tensors the config's model would not use (e.g. layers beyond num_hidden_layers);
+// and any NaN or infinite weight (also one that overflows the engine dtype), found while converting.
 Engine build_engine(const std::string& checkpoint_dir, const BuildOptions& options = {});
 // An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
 // of real shapes without a checkpoint.
