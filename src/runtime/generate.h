@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/model.h"
 
 namespace ingot {
@@ -34,7 +35,12 @@ void check_fits(const Model& model, int64_t prompt_len, int max_new_tokens);
 // many as the workspace holds). Returns the logits of the last token, [1, vocab].
 HostTensor prefill_row(Model& model, int row, std::span<const int32_t> tokens, int64_t start, int64_t chunk = 0);
 
-// Throws Error before any compute if the request does not fit the model's capacity.
+// The Error that stops generation when the logits of `step` (0 = the token after the prompt) have no
+// pick: a NaN or +inf among them, or none finite (sampling::kNoToken from the ops or the Sampler).
+Error non_finite_logits(int step);
+
+// Throws Error before any compute if the request does not fit the model's capacity, and
+// non_finite_logits(step) when a step's logits are not finite.
 std::vector<int32_t> generate_greedy(Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& o,
                                      const TokenCallback& on_token = {});
 

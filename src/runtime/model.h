@@ -60,7 +60,8 @@ class Model {
   // (set_sampling; greedy until set). Rows, tokens and indices go into fixed buffers, and the sampling
   // state lives in fixed buffers too, so a graph captured once per (n, whether any row samples) serves
   // every step; only the n tokens come back. Greedy rows give forward()'s argmax; sampling rows give
-  // what a Sampler in the same state picks from forward()'s logits.
+  // what a Sampler in the same state picks from forward()'s logits. A row whose logits have a NaN or
+  // +inf, or none finite, gets -1 (sampling::kNoToken), which callers must not feed back.
   std::vector<int32_t> decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                               const std::vector<int64_t>& write_index);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/sampling.h"
 #include "core/error.h"
 #include "runtime/generate.h"
 
@@ -79,6 +80,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   tok::StreamDecoder dec(tok_, true);
   StopFilter stop(req.stop_strings);
   auto emit = [&](const std::string& s) {
+  if (tok == sampling::kNoToken) throw non_finite_logits(0);
     if (s.empty()) return;
     res.text += s;
     if (on_text) on_text(s);
@@ -110,6 +112,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   }
   res.decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
   return res;
+    if (tok == sampling::kNoToken) throw non_finite_logits(int(res.ids.size()));
 }
 
 }  // namespace ingot

@@ -266,10 +266,7 @@ class CpuBackend final : public Backend {
 
   void argmax(const Mat& logits, int32_t* out) override {
     require_f32(logits, "argmax");
-    for (int64_t r = 0; r < logits.rows; ++r) {
-      const float* l = frow(logits, r);
-      out[r] = int32_t(std::max_element(l, l + logits.cols) - l);
-    }
+    for (int64_t r = 0; r < logits.rows; ++r) out[r] = sampling::argmax_row(frow(logits, r), logits.cols);
   }
 
   void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
@@ -281,7 +278,7 @@ class CpuBackend final : public Backend {
       uint8_t* seen = st.seen ? st.seen + sr * st.seen_ld : nullptr;
       const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, st.step[sr]);
       out[r] = t;
-      if (seen) seen[t] = 1;
+      if (seen && t != sampling::kNoToken) seen[t] = 1;
       ++st.step[sr];
     }
   }
@@ -306,10 +303,14 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   uint64_t best = 0;
   for (int64_t i = 0; i < V; ++i) {
     s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
+  bool poisoned = false, any_finite = false;
     best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
+    poisoned |= poisons_row(logits[i]);
+    any_finite |= is_finite(logits[i]);
   }
   const int32_t top = composite_id(best);
   if (!(p.temperature > 0.0f)) return top;
+  if (poisoned || !any_finite) return kNoToken;
 
   // Only candidates within reach of the top can weigh anything; they are a prefix of the order, so
   // leaving the rest out changes no sum, no cut and no draw.
