@@ -21,6 +21,7 @@ double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::dura
 
 void progress(const char* what, int done, int total) {
   if (!isatty(STDERR_FILENO)) return;
+  std::fflush(stdout);  // results printed so far come before the bar, in a shared terminal or pipe
   const int width = 30, fill = total ? done * width / total : width;
   std::fprintf(stderr, "\r%-18s [%.*s%*s] %d/%d", what, fill, "##############################", width - fill, "", done,
                total);
@@ -43,7 +44,8 @@ void add_bench(CLI::App& app) {
   a->model.add_to(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
   cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
-  cmd->add_option("--new-tokens", a->new_tokens, "generated tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");
@@ -56,31 +58,62 @@ void add_bench(CLI::App& app) {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
+    // Everything a run will ask for is checked before the engine is built, generated or verified.
+    ModelSpec spec;
+    DType dt;
+    std::optional<EngineFileInfo> info;
+    if (!a->config.empty()) {
+      spec = load_config_file(a->config);
+      dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
+    } else if (!a->model.engine_path.empty()) {
+      info = inspect_engine(a->model.engine_path);
+      spec = info->spec;
+      dt = info->weight_dtype;
+    } else {
+      spec = load_model_spec(a->model.model_dir);
+      dt = planned_build_dtype(a->model.model_dir, spec,
+                               a->model.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(a->model.dtype)));
+    }
+    const int64_t slots = slots_needed(a->prompt_len, a->new_tokens);
+    if (slots > spec.max_position)
+      throw Error("bench: --prompt-len " + std::to_string(a->prompt_len) + " + --max-new-tokens " +
+                  std::to_string(a->new_tokens) + " need " + std::to_string(slots) +
+                  " positions, beyond the model's max_position_embeddings of " + std::to_string(spec.max_position));
+    const std::string dev = resolve_device(a->model.device);
+    // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
+    std::unique_ptr<Backend> backend = dev == "cpu" ? make_cpu_backend(a->model.threads) : nullptr;
+    const std::vector<int> batches = parse_int_list(a->batches);
+    if (batches.empty()) throw Error("bench: --batch names no batch size");
+    std::vector<RuntimeOptions> runs;
+    for (int B : batches) {
+      if (B < 1) throw Error("bench: batch sizes must be positive");
+      RuntimeOptions rt;
+      rt.max_batch = B;
+      rt.capacity = slots;
+      // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
+      rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
+      if (info) rt = fit_engine_bounds(*info, rt, false);
+      check_host_memory(spec, dt, rt, !info, backend.get());
+      runs.push_back(rt);
+    }
+
     EngineSource src;
     const auto t_load = Clock::now();
     if (!a->config.empty()) {
-      ModelSpec spec = load_config_file(a->config);
-      DType dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
       src.engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
     } else {
       src = open_engine(a->model);
     }
     const Engine* engine = src.engine.get();
     const double load_s = secs(t_load, Clock::now());  // engine file: map + verify; otherwise the build
-    const std::string dev = resolve_device(a->model.device);
     check_device(src, dev);
-    auto backend = make_backend(dev, engine->weight_dtype, a->model.threads);
+    if (!backend) backend = make_backend(dev, engine->weight_dtype, a->model.threads);
     const ModelSpec& s = engine->spec;
     nlohmann::json results = nlohmann::json::array();
     const double copy_gbs = backend->copy_bandwidth_gbs();
     std::mt19937 rng(1234);
-    for (int B : parse_int_list(a->batches)) {
-      if (B < 1) throw Error("bench: batch sizes must be positive");
-      RuntimeOptions rt;
-      rt.max_batch = B;
-      rt.capacity = slots_needed(a->prompt_len, a->new_tokens);
-      rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
-      rt = fit_engine_bounds(src, rt, false);
+    for (const RuntimeOptions& rt : runs) {
+      const int B = rt.max_batch;
       const auto t_model = Clock::now();
       Model m(*engine, *backend, rt);
       backend->synchronize();
@@ -183,6 +216,8 @@ void add_bench(CLI::App& app) {
                     "repetition penalty %g)\n",
                     double(a->sampling.temperature), a->sampling.top_k, double(a->sampling.top_p),
                     double(a->sampling.min_p), double(a->sampling.repetition_penalty));
+      // An error in a later batch goes to stderr: the results before it must already be out.
+      std::fflush(stdout);
     }
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
   });

@@ -36,9 +36,10 @@ void add_generate(CLI::App& app) {
       messages.push_back({"user", a->prompt});
       const api::ChatConfig cc = chat_config(a->text);
       int64_t capacity = a->capacity;
-      if (!capacity && a->model.engine_path.empty()) {
-        // A checkpoint's cache is sized to this request, as for --prompt-ids; that takes the prompt's
-        // length, so the tokenizer is read once here before the model loads it again.
+      if (!capacity) {
+        // The cache is sized to this request (an engine's bounds are only its upper limit), as for
+        // --prompt-ids; that takes the prompt's length, so the tokenizer is read once here before the
+        // model loads it again.
         tok::Tokenizer tk = load_tokenizer(a->model);
         nlohmann::ordered_json mj = nlohmann::ordered_json::array();
         for (const api::Message& m : messages) mj.push_back({{"role", m.role}, {"content", m.content}});

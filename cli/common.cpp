@@ -65,23 +65,19 @@ EngineSource open_engine(const ModelArgs& a) {
 }
 
 RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given) {
-  if (!src.file) return rt;
-  const EngineFileInfo& f = *src.file;
-  if (rt.max_batch > f.max_batch)
-    throw Error(f.path + ": this run needs max batch " + std::to_string(rt.max_batch) +
-                " but the engine was built for at most " + std::to_string(f.max_batch) +
-                " (rebuild with `ingot build --max-batch N`)");
-  if (rt.capacity > f.capacity)
-    throw Error(f.path + ": this run needs capacity " + std::to_string(rt.capacity) +
-                " cache slots but the engine was built for at most " + std::to_string(f.capacity) +
-                " (rebuild with `ingot build --capacity N`)");
-  if (layout_given && rt.layout != f.layout)
-    throw Error(f.path + ": the engine was built for the " + layout_name(f.layout) + " cache layout, not " +
-                layout_name(rt.layout) + " (rebuild with `ingot build --layout " + layout_name(rt.layout) + "`)");
-  rt.max_batch = f.max_batch;
-  rt.capacity = f.capacity;
-  rt.layout = f.layout;
-  return rt;
+  return src.file ? fit_engine_bounds(*src.file, rt, layout_given) : rt;
+}
+
+void check_before_loading(const ModelArgs& a, const RuntimeOptions& rt, bool layout_given, const Backend* host_backend) {
+  if (!a.engine_path.empty()) {
+    const EngineFileInfo info = inspect_engine(a.engine_path);
+    check_host_memory(info.spec, info.weight_dtype, fit_engine_bounds(info, rt, layout_given), false, host_backend);
+  } else if (!a.model_dir.empty()) {
+    const ModelSpec spec = load_model_spec(a.model_dir);
+    std::optional<DType> dt;
+    if (!a.dtype.empty()) dt = parse_dtype(a.dtype);
+    check_host_memory(spec, planned_build_dtype(a.model_dir, spec, dt), rt, true, host_backend);
+  }
 }
 
 void check_device(const EngineSource& src, const std::string& device) {
@@ -96,14 +92,17 @@ void check_device(const EngineSource& src, const std::string& device) {
 }
 
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
+  const std::string dev = resolve_device(a.device);
+  // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
+  std::unique_ptr<Backend> host_backend = dev == "cpu" ? make_cpu_backend(a.threads) : nullptr;
+  check_before_loading(a, rt, layout_given, host_backend.get());
   EngineSource src = open_engine(a);
   rt = fit_engine_bounds(src, rt, layout_given);
-  const std::string dev = resolve_device(a.device);
   check_device(src, dev);
   Loaded l;
   l.engine = std::move(src.engine);
   l.engine_file = std::move(src.file);
-  l.backend = make_backend(dev, l.engine->weight_dtype, a.threads);
+  l.backend = host_backend ? std::move(host_backend) : make_backend(dev, l.engine->weight_dtype, a.threads);
   l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
   return l;
 }

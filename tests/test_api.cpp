@@ -184,7 +184,9 @@ TEST(Api, ErrorsNameTheProblem) {
   Fx f;
   test::expect_error([&] { api::Model::load(f.dir.file("missing.ingot"), cpu()); }, {"missing.ingot"});
   api::LoadConfig c = cpu();
-  c.capacity = 32;  // within the engine's bound: accepted, the engine keeps its own
+  c.capacity = 32;  // within the engine's bound: the cache is sized for the request, not the bound
+  EXPECT_EQ(api::Model::load(f.engine, c).capacity(), 32);
+  c.capacity = 0;  // min(4096, max_position 64, the bound 64)
   EXPECT_EQ(api::Model::load(f.engine, c).capacity(), 64);
   c.capacity = 65;
   test::expect_error([&] { api::Model::load(f.engine, c); }, {"needs capacity 65", "built for at most 64"});

@@ -18,8 +18,9 @@ struct LoadConfig {
   int threads = 0;              // CPU threads; 0 = all cores
   bool verify = true;           // engine files: check every weight's checksum while loading
   std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
-  // Cache slots, i.e. prompt + generated tokens. Checkpoint folders: 0 = max_position_embeddings.
-  // Engine files keep the capacity they were built for; a non-zero value above it is refused.
+  // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,
+  // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
+  // refuses a value above the capacity it was built for.
   int64_t capacity = 0;
   // Engine files: called with bytes verified so far and in all (from one thread at a time).
   std::function<void(uint64_t done, uint64_t total)> progress;

@@ -27,18 +27,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads, std::string& resolved) {
-  resolved = device;
+std::string resolve_device(const std::string& device) {
+  if (device == "auto") {
 #ifdef INGOT_WITH_CUDA
-  if (device == "auto") resolved = cuda_available() ? "cuda" : "cpu";
-  if (resolved == "cuda") return make_cuda_backend(dtype);
+    return cuda_available() ? "cuda" : "cpu";
+#else
+    return "cpu";
+#endif
+  }
+  if (device == "cpu" || device == "cuda") return device;
+  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads) {
+#ifdef INGOT_WITH_CUDA
+  if (device == "cuda") return make_cuda_backend(dtype);
 #else
   (void)dtype;
-  if (device == "auto") resolved = "cpu";
-  if (resolved == "cuda") throw Error("this build of ingot has no CUDA backend");
+  if (device == "cuda") throw Error("this build of ingot has no CUDA backend");
 #endif
-  if (resolved == "cpu") return make_cpu_backend(threads);
-  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
+  return make_cpu_backend(threads);
 }
 
 nlohmann::ordered_json to_json(const std::vector<Message>& messages) {
@@ -113,14 +121,25 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   const auto t0 = std::chrono::steady_clock::now();
   auto im = std::make_unique<Impl>();
   im->source = path;
+  im->device = resolve_device(c.device);
+  // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
+  // the host memory check that precedes the build or the checksum pass.
+  if (im->device == "cpu") im->backend = make_cpu_backend(c.threads);
   RuntimeOptions rt;
+  rt.capacity = c.capacity;
   if (fs::is_directory(path)) {
     BuildOptions bo;
     if (!c.dtype.empty()) bo.dtype = parse_dtype(c.dtype);
+    const ModelSpec spec = load_model_spec(path);
+    check_host_memory(spec, planned_build_dtype(path, spec, bo.dtype), rt, true, im->backend.get());
     im->engine = std::make_unique<Engine>(build_engine(path, bo));
-    rt.capacity = c.capacity;
     if (fs::exists(fs::path(path) / "tokenizer.json")) im->tokenizer = tok::Tokenizer::from_folder(path);
   } else {
+    {
+      const EngineFileInfo info = inspect_engine(path);
+      rt = fit_engine_bounds(info, rt, false);
+      check_host_memory(info.spec, info.weight_dtype, rt, false, im->backend.get());
+    }
     LoadOptions lo;
     lo.verify = c.verify;
     lo.progress = c.progress;
@@ -128,15 +147,10 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
     if (!c.dtype.empty() && parse_dtype(c.dtype) != le.engine.weight_dtype)
       throw Error(path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
                   " weights; rebuild it to change the dtype");
-    if (c.capacity > le.info.capacity)
-      throw Error(path + ": this run needs capacity " + std::to_string(c.capacity) +
-                  " cache slots but the engine was built for at most " + std::to_string(le.info.capacity) +
-                  " (rebuild with `ingot build --capacity N`)");
-    rt = le.info.runtime_options();
     im->tokenizer = tokenizer_from_engine(le.info);
     im->engine = std::make_unique<Engine>(std::move(le.engine));
 #ifdef INGOT_WITH_CUDA
-    if (c.device != "cpu" && cuda_available()) {
+    if (im->device == "cuda") {
       int major = 0, minor = 0;
       if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess)
@@ -144,7 +158,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
     }
 #endif
   }
-  im->backend = make_backend(c.device, im->engine->weight_dtype, c.threads, im->device);
+  if (!im->backend) im->backend = make_backend(im->device, im->engine->weight_dtype, c.threads);
   im->model = std::make_unique<ingot::Model>(*im->engine, *im->backend, rt);
   for (int64_t e : im->engine->spec.eos_ids) im->eos_ids.push_back(int32_t(e));
   if (im->tokenizer) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -120,6 +121,9 @@ class Backend {
   virtual double copy_bandwidth_gbs() { return 0.0; }
   // Peak backend memory allocated so far, in bytes (0 when not tracked).
   virtual size_t peak_memory_bytes() const { return 0; }
+  // Bytes alloc() could still hand out now (free device memory; for host memory what the kernel could
+  // give without swapping), or nullopt when unknown. Checked against a MemoryPlan before allocating.
+  virtual std::optional<size_t> available_memory_bytes() const { return std::nullopt; }
 
   // out[t, :] = table[ids[t], :]
   virtual void embedding(const Mat& table, const int32_t* ids, const Mat& out) = 0;

@@ -7,14 +7,6 @@
 
 namespace ingot {
 
-std::string layout_name(CacheLayout l) { return l == CacheLayout::HeadsFirst ? "heads_first" : "flattened"; }
-
-CacheLayout parse_layout(const std::string& s) {
-  if (s == "heads_first") return CacheLayout::HeadsFirst;
-  if (s == "flattened") return CacheLayout::Flattened;
-  throw Error("unknown cache layout '" + s + "' (expected heads_first or flattened)");
-}
-
 struct Model::Prepared {
   std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
   int max_kv_len = 0;
@@ -22,16 +14,14 @@ struct Model::Prepared {
 };
 
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
-    : engine_(engine), be_(be), spec_(engine.spec), family_(find_family(engine.spec.family)), opt_(options) {
+    : engine_(engine),
+      be_(be),
+      spec_(engine.spec),
+      family_(find_family(engine.spec.family)),
+      plan_(plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory())),
+      opt_(plan_.options) {
   const ModelSpec& s = spec_;
-  if (opt_.max_batch < 1) throw Error("max batch must be at least 1, got " + std::to_string(opt_.max_batch));
-  if (opt_.capacity == 0) opt_.capacity = s.max_position;
-  if (opt_.capacity < 1) throw Error("capacity must be at least 1");
-  if (opt_.capacity > (int64_t(1) << 30)) throw Error("capacity " + std::to_string(opt_.capacity) + " exceeds 2^30 slots");
-  if (opt_.max_tokens == 0) opt_.max_tokens = std::min<int64_t>(int64_t(opt_.max_batch) * opt_.capacity, 4096);
-  if (opt_.max_logit_rows == 0) opt_.max_logit_rows = std::max<int64_t>(opt_.max_batch, 64);
-  const DType adt = be_.activation_dtype();
-  const size_t as = dtype_size(adt);
+  check_fits(plan_, be_.available_memory_bytes(), be_.host_memory() ? "host memory" : be_.name() + " device memory");
 
   // Weights: in place when the backend reads host memory, otherwise copied over once.
   for (auto& [name, t] : engine_.weights) {
@@ -76,7 +66,7 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   }
 
   // The static cache, zeroed so rows never written read as zeros.
-  const size_t per_layer = size_t(opt_.max_batch) * size_t(s.kv_heads) * size_t(opt_.capacity) * size_t(s.head_dim) * as;
+  const size_t per_layer = plan_.cache_per_layer;
   for (int i = 0; i < s.layers; ++i) {
     k_cache_.emplace_back(be_, per_layer);
     v_cache_.emplace_back(be_, per_layer);
@@ -85,32 +75,32 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   }
   cache_bytes_ = per_layer * 2 * size_t(s.layers);
 
-  const size_t T = size_t(opt_.max_tokens), L = size_t(opt_.max_logit_rows);
+  const WorkspacePlan& w = plan_.ws;
   auto ws = [&](Buffer& b, size_t bytes) {
     b = Buffer(be_, bytes);
     workspace_bytes_ += bytes;
   };
-  ws(x_, T * size_t(s.hidden) * as);
-  ws(h_, T * size_t(s.hidden) * as);
-  ws(delta_, T * size_t(s.hidden) * as);
-  ws(qkv_, T * size_t(s.q_dim() + 2 * s.kv_dim()) * as);
-  ws(attn_, T * size_t(s.q_dim()) * as);
-  ws(gate_up_, T * size_t(2 * s.intermediate) * as);
-  ws(act_, T * size_t(s.intermediate) * as);
-  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, T * sizeof(int32_t));
-  ws(gathered_, L * size_t(s.hidden) * as);
-  ws(logits_, L * size_t(s.vocab) * as);
-  ws(next_tokens_, size_t(opt_.max_batch) * sizeof(int32_t));
-  ws(sample_params_, size_t(opt_.max_batch) * sizeof(SampleParams));
-  ws(sample_step_, size_t(opt_.max_batch) * sizeof(uint32_t));
-  ws(sample_seen_, size_t(opt_.max_batch) * size_t(s.vocab));
+  ws(x_, w.hidden);
+  ws(h_, w.hidden);
+  ws(delta_, w.hidden);
+  ws(qkv_, w.qkv);
+  ws(attn_, w.attn);
+  ws(gate_up_, w.gate_up);
+  ws(act_, w.act);
+  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, w.token_meta);
+  ws(gathered_, w.gathered);
+  ws(logits_, w.logits);
+  ws(next_tokens_, w.next_tokens);
+  ws(sample_params_, w.sample_params);
+  ws(sample_step_, w.sample_step);
+  ws(sample_seen_, w.sample_seen);
   row_sampling_.assign(size_t(opt_.max_batch), SamplingParams{});
   const std::vector<SampleParams> greedy(size_t(opt_.max_batch), SamplingParams{}.to_backend());
   be_.upload(sample_params_.get(), greedy.data(), greedy.size() * sizeof(SampleParams));
   be_.fill_zero(sample_step_.get(), sample_step_.size());
   be_.fill_zero(sample_seen_.get(), sample_seen_.size());
   std::vector<float> inv = rope_inv_freq(s);
-  ws(inv_freq_, std::max<size_t>(inv.size(), 1) * sizeof(float));
+  ws(inv_freq_, w.inv_freq);
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
   rope_scale_ = rope_attention_scale(s);
 }

@@ -14,22 +14,10 @@
 #include "models/family.h"
 #include "models/layers.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 #include "runtime/sampler.h"
 
 namespace ingot {
-
-enum class CacheLayout { HeadsFirst, Flattened };
-std::string layout_name(CacheLayout l);
-CacheLayout parse_layout(const std::string& s);
-
-struct RuntimeOptions {
-  int max_batch = 1;          // cache rows
-  int64_t capacity = 0;       // cache slots per row; 0 = the model's max_position_embeddings
-  CacheLayout layout = CacheLayout::HeadsFirst;
-  int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
-  int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
-  bool use_graphs = true;     // capture decode steps as graphs where the backend supports it
-};
 
 // One row of a forward call: a chunk of tokens for one cache row.
 struct BatchRow {
@@ -47,6 +35,8 @@ struct Batch {
 class Model {
  public:
   // The engine must outlive the model (backends that share host memory use its weights in place).
+  // Buffers are sized by plan_memory(options); the plan is checked against the backend's free memory
+  // before anything is allocated (Error with both figures when it does not fit).
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
   ~Model();
 
@@ -81,6 +71,7 @@ class Model {
   size_t weight_bytes() const { return weight_bytes_; }
   size_t cache_bytes() const { return cache_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
+  const MemoryPlan& plan() const { return plan_; }
 
   // The raw bytes of one cache row (K then V of every layer), for tests of slot preservation.
   std::vector<uint8_t> read_cache_row(int row);
@@ -97,7 +88,8 @@ class Model {
   Backend& be_;
   ModelSpec spec_;
   const Family& family_;
-  RuntimeOptions opt_;
+  MemoryPlan plan_;
+  RuntimeOptions opt_;  // the plan's resolved options
   size_t weight_bytes_ = 0, cache_bytes_ = 0, workspace_bytes_ = 0;
 
   std::vector<Buffer> owned_;            // weight and workspace allocations

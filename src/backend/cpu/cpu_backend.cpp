@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/sampling.h"
 #include "core/error.h"
+#include "runtime/memory_plan.h"
 
 namespace ingot {
 namespace {
@@ -89,6 +90,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType activation_dtype() const override { return DType::F32; }
   bool host_memory() const override { return true; }
+  std::optional<size_t> available_memory_bytes() const override { return host_available_bytes(); }
 
   void* alloc(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -362,6 +364,16 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
 
 }  // namespace sampling
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  // Threads beyond the hardware's only time-slice the same cores (every kernel is compute or memory
+  // bound), and each costs a stack: 4x the hardware threads leaves room for experiments, while a
+  // figure like 100000 would only exhaust the process before any work.
+  const int hw = std::max(1, omp_get_num_procs());
+  if (threads < 0) throw Error("CPU threads must be 0 (all cores) or positive, got " + std::to_string(threads));
+  if (threads > 4 * hw)
+    throw Error("CPU threads " + std::to_string(threads) + " exceed the limit of " + std::to_string(4 * hw) +
+                " (4 x this machine's " + std::to_string(hw) + " hardware threads)");
+  return std::make_unique<CpuBackend>(threads);
+}
 
 }  // namespace ingot
