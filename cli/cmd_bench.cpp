@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "core/error.h"
+#include "options.h"
 #include "runtime/generate.h"
 
 namespace ingot::cli {
@@ -43,9 +44,9 @@ void add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
-  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(at_least(1));
   cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");

@@ -7,6 +7,8 @@
 
 #include "common.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "options.h"
 #include "progress.h"
 
 namespace ingot::cli {
@@ -33,7 +35,7 @@ void add_build(CLI::App& app) {
     uint64_t seed = 0;
     int max_batch = 1;
     int64_t capacity = 0;
-    bool quiet = false;
+    bool quiet = false, force = false;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -42,12 +44,14 @@ void add_build(CLI::App& app) {
       ->excludes(m);
   cmd->add_option("--seed", a->seed, "random weights' seed (with --config)");
   cmd->add_option("-o,--output", a->output, "engine file to write")->required();
-  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)");
-  cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--force", a->force, "replace the output file if it exists (never an input)");
+  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)")
+      ->check(dtype_names());
+  cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(at_least(1));
   cmd->add_option("--capacity", a->capacity,
                   "most cache slots per sequence a run may ask for (default: min(4096, max_position_embeddings); "
                   "runs allocate only what they ask for)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
@@ -56,6 +60,8 @@ void add_build(CLI::App& app) {
     BuildOptions bo;
     if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);
     if (a->model_dir.empty() == a->config.empty()) throw Error("build: give exactly one of --model DIR or --config FILE");
+    check_output_path(a->output, "-o", a->force,
+                      a->config.empty() ? checkpoint_files(a->model_dir) : std::vector<std::string>{a->config});
     const ModelSpec spec = a->config.empty() ? load_model_spec(a->model_dir) : load_config_file(a->config);
     const DType dt = a->config.empty() ? planned_build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
     info.bounds.max_batch = a->max_batch;

@@ -1,16 +1,47 @@
-// `ingot generate`: greedy generation from token ids, one line per step as a debugging runner prints.
+// `ingot generate`: generation from token ids (greedy, or sampled with the sampling flags), one line per
+// step as a debugging runner prints; or streamed text from a text prompt.
+#include <algorithm>
 #include <cstdio>
 
 #include "common.h"
 #include "core/error.h"
+#include "options.h"
 #include "runtime/chat.h"
 #include "runtime/generate.h"
 #include "text_generation.h"
 
 namespace ingot::cli {
 
+namespace {
+// The first token is sampled on the host from the prefill's logits and the device continues the same
+// seeded stream, with the prompt and that token as the penalty's history (as Session does), so a seed
+// picks the same tokens on every backend.
+std::vector<int32_t> generate_sampled(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                      const SamplingParams& sp, const TokenCallback& on_token) {
+  check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
+  Sampler sampler(sp);
+  std::vector<int32_t> history = prompt;
+  const HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
+  int32_t tok = sampler.pick(logits.as<float>(), m.spec().vocab, history);
+  if (tok < 0) throw non_finite_logits(0);  // sampling::kNoToken: the prefill's logits had no pick
+  history.push_back(tok);
+  m.set_sampling(o.row, sp, history, sampler.draws());
+  std::vector<int32_t> out;
+  int64_t pos = int64_t(prompt.size());
+  for (int step = 0;; ++step) {
+    if (tok < 0) throw non_finite_logits(step);  // a decode step's logits had no pick
+    out.push_back(tok);
+    on_token(step, step == 0, tok);
+    if (int(out.size()) >= o.max_new_tokens) break;
+    if (std::find(o.eos_ids.begin(), o.eos_ids.end(), int64_t(tok)) != o.eos_ids.end()) break;
+    tok = m.decode({o.row}, {tok}, {pos++})[0];
+  }
+  return out;
+}
+}  // namespace
+
 void add_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Generate from token ids (greedy, one line per step) or from text");
+  auto* cmd = app.add_subcommand("generate", "Generate from token ids (one line per step) or from text");
   struct Args {
     ModelArgs model;
     TextArgs text;
@@ -20,15 +51,18 @@ void add_generate(CLI::App& app) {
     bool ignore_eos = false;
   };
   auto a = std::make_shared<Args>();
+  a->text.max_new = 16;  // before add_to, so --help shows it as the default
   a->model.add_to(*cmd);
   a->text.add_to(*cmd);
-  a->text.max_new = 16;
   auto* ids = cmd->add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids");
   cmd->add_option("--prompt", a->prompt, "prompt text (streams text out)")->excludes(ids);
   cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
-  cmd->add_option("--capacity", a->capacity, "cache slots (default: prompt + max new tokens - 1)");
+  cmd->add_option("--capacity", a->capacity, "cache slots (default: prompt + max new tokens - 1)")->check(at_least(0));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the end-of-sequence ids");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
+    if (cmd->count("--prompt") && a->prompt.empty()) throw Error("generate: --prompt is empty (give the text to continue)");
+    if (cmd->count("--prompt-ids") && parse_ids(a->prompt_ids).empty())
+      throw Error("generate: --prompt-ids holds no token ids");
     if (a->prompt_ids.empty() == a->prompt.empty()) throw Error("generate: give exactly one of --prompt-ids or --prompt");
     if (!a->prompt.empty()) {
       std::vector<api::Message> messages;
@@ -65,10 +99,13 @@ void add_generate(CLI::App& app) {
     GenerateOptions go;
     go.max_new_tokens = max_new;
     if (!a->ignore_eos) go.eos_ids = l.engine->spec.eos_ids;
-    std::vector<int32_t> out = generate_greedy(*l.model, prompt, go, [](int step, bool prefill, int32_t tok) {
+    const TokenCallback print = [](int step, bool prefill, int32_t tok) {
       std::printf("step %d %s token %d\n", step, prefill ? "prefill" : "decode", tok);
       std::fflush(stdout);
-    });
+    };
+    std::vector<int32_t> out = a->text.sampling.greedy()
+                                   ? generate_greedy(*l.model, prompt, go, print)
+                                   : generate_sampled(*l.model, prompt, go, a->text.sampling, print);
     std::printf("generated %zu tokens\n", out.size());
   });
 }

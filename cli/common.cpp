@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "options.h"
 #include "progress.h"
 
 #ifdef INGOT_WITH_CUDA
@@ -19,7 +20,8 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--quiet", quiet, "no progress bar");
   app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's; on the GPU "
-                                   "also the activation dtype)");
+                                   "also the activation dtype)")
+      ->check(dtype_names());
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
 }
 

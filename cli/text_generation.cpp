@@ -3,13 +3,14 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "options.h"
 #include "io/engine_tokenizer.h"
 #include "progress.h"
 
 namespace ingot::cli {
 
 void TextArgs::add_to(CLI::App& app) {
-  app.add_option("--max-new-tokens", max_new, "most tokens to generate")->check(CLI::PositiveNumber);
+  app.add_option("--max-new-tokens", max_new, "most tokens to generate")->check(at_least(1));
   app.add_option("--temperature", sampling.temperature, "0 = greedy (default)");
   app.add_option("--top-k", sampling.top_k, "keep the k most likely tokens (0 = off)");
   app.add_option("--top-p", sampling.top_p, "keep the smallest set with this probability mass (1 = off)");

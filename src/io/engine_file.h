@@ -47,6 +47,10 @@ struct CheckpointExtras {
   nlohmann::json generation_defaults = nlohmann::json::object();  // generation_config.json
 };
 
+// The paths of the files a build reads from the checkpoint folder: config, generation config,
+// tokenizer files, chat template, index and weight shards.
+std::vector<std::string> checkpoint_files(const std::string& dir);
+
 // Reads and hashes the checkpoint folder's files (progress over the bytes hashed).
 CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& progress = {});
 
