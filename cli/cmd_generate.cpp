@@ -8,6 +8,7 @@
 #include "options.h"
 #include "runtime/chat.h"
 #include "runtime/generate.h"
+#include "runtime/session.h"
 #include "text_generation.h"
 
 namespace ingot::cli {
@@ -56,7 +57,8 @@ void add_generate(CLI::App& app) {
   a->text.add_to(*cmd);
   auto* ids = cmd->add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids");
   cmd->add_option("--prompt", a->prompt, "prompt text (streams text out)")->excludes(ids);
-  cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
+  auto* chat = cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
+  a->text.add_chat_template(*cmd)->needs(chat);
   cmd->add_option("--capacity", a->capacity, "cache slots (default: prompt + max new tokens - 1)")->check(at_least(0));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "do not stop at the end-of-sequence ids");
   cmd->callback([a, cmd] {
@@ -79,10 +81,13 @@ void add_generate(CLI::App& app) {
         for (const api::Message& m : messages) mj.push_back({{"role", m.role}, {"content", m.content}});
         ChatOptions co;
         if (cc.enable_thinking >= 0) co.enable_thinking = cc.enable_thinking == 1;
-        const size_t n = a->chat ? chat_ids(tk, mj, co).size() : tk.encode(a->prompt, true).size();
+        const size_t n = !a->chat ? tk.encode(a->prompt, true).size()
+                         : a->text.chat_template.empty()
+                             ? ChatFormat::from_tokenizer(tk, a->model.source_name()).ids(tk, mj, co).size()
+                             : ChatFormat::from_file(a->text.chat_template).ids(tk, mj, co).size();
         capacity = slots_needed(int64_t(n), a->text.max_new);
       }
-      api::Model model = load_text_model(a->model, capacity);
+      api::Model model = load_text_model(a->model, a->text, capacity, a->chat);
       const api::GenerateConfig gc = generate_config(a->text, a->ignore_eos);
       stream_generation(
           [&](const api::OnToken& on_token) {
@@ -96,6 +101,8 @@ void add_generate(CLI::App& app) {
     RuntimeOptions rt;
     rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(prompt.size()), max_new);
     Loaded l = load_model(a->model, rt);
+    if (std::string w = position_limit_warning(l.engine->spec.max_position, int64_t(prompt.size()), max_new); !w.empty())
+      std::fprintf(stderr, "warning: %s\n", w.c_str());
     GenerateOptions go;
     go.max_new_tokens = max_new;
     if (!a->ignore_eos) go.eos_ids = l.engine->spec.eos_ids;

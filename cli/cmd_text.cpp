@@ -71,7 +71,7 @@ void add_text_commands(CLI::App& app) {
     auto* cmd = app.add_subcommand("template", "Render the chat template over messages, exactly");
     struct Args {
       ModelArgs source;
-      std::string messages, tools, thinking;
+      std::string messages, tools, thinking, chat_template;
       bool no_gen = false;
     };
     auto a = std::make_shared<Args>();
@@ -79,6 +79,7 @@ void add_text_commands(CLI::App& app) {
     cmd->add_option("--messages", a->messages, "JSON file: a list of {role, content, ...}")->required();
     cmd->add_option("--tools", a->tools, "JSON file: a list of tool definitions");
     cmd->add_flag("--no-generation-prompt", a->no_gen, "do not open an assistant turn");
+    cmd->add_option("--chat-template", a->chat_template, "file with a Jinja chat template to use instead of the model's");
     cmd->add_option("--enable-thinking", a->thinking, "true or false")->check(CLI::IsMember({"true", "false"}));
     cmd->callback([a] {
       tok::Tokenizer tk = open_tokenizer("template", a->source);
@@ -86,7 +87,9 @@ void add_text_commands(CLI::App& app) {
       o.add_generation_prompt = !a->no_gen;
       if (!a->thinking.empty()) o.enable_thinking = a->thinking == "true";
       if (!a->tools.empty()) o.tools = read_json_file(a->tools);
-      std::string out = render_chat(tk, read_json_file(a->messages), o);
+      const ChatFormat f = a->chat_template.empty() ? ChatFormat::from_tokenizer(tk, a->source.source_name())
+                                                    : ChatFormat::from_file(a->chat_template);
+      std::string out = f.render(tk, read_json_file(a->messages), o);
       std::fwrite(out.data(), 1, out.size(), stdout);  // exactly the rendered prompt, nothing added
     });
   }

@@ -50,6 +50,14 @@ class StopFilter {
 
 }  // namespace
 
+std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens) {
+  const int64_t positions = slots_needed(prompt_len, max_new_tokens);  // the last token is never fed back
+  if (positions <= max_position) return "";
+  return "the prompt (" + std::to_string(prompt_len) + " tokens) and up to " + std::to_string(max_new_tokens) +
+         " new tokens use " + std::to_string(positions) + " positions, more than the model's max_position_embeddings (" +
+         std::to_string(max_position) + "): text past position " + std::to_string(max_position) + " may degrade";
+}
+
 TextResult Session::generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text,
                              const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
