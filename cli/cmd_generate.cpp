@@ -99,7 +99,12 @@ void add_generate(CLI::App& app) {
     const int max_new = a->text.max_new;
     std::vector<int32_t> prompt = parse_ids(a->prompt_ids);
     RuntimeOptions rt;
-    rt.capacity = a->capacity ? a->capacity : slots_needed(int64_t(prompt.size()), max_new);
+    const int64_t need = slots_needed(int64_t(prompt.size()), max_new);
+    if (a->capacity && need > a->capacity)  // refused before any weights are read
+      throw Error("generate: the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new-tokens " +
+                  std::to_string(max_new) + " need " + std::to_string(need) + " cache slots, beyond --capacity " +
+                  std::to_string(a->capacity));
+    rt.capacity = a->capacity ? a->capacity : need;
     Loaded l = load_model(a->model, rt);
     if (std::string w = position_limit_warning(l.engine->spec.max_position, int64_t(prompt.size()), max_new); !w.empty())
       std::fprintf(stderr, "warning: %s\n", w.c_str());

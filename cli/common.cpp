@@ -22,7 +22,7 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's; on the GPU "
                                    "also the activation dtype)")
       ->check(dtype_names());
-  app.add_option("--threads", threads, "CPU threads (default: all cores)");
+  app.add_option("--threads", threads, "CPU threads (default: all cores; at most 4x the hardware threads)");
 }
 
 std::string resolve_device(const std::string& device) {
