@@ -35,6 +35,9 @@ std::string resolve_device(const std::string& device) {
     return "cpu";
 #endif
   }
+#ifndef INGOT_WITH_CUDA
+  if (device == "cuda") throw Error("this build of ingot has no CUDA backend");
+#endif
   if (device == "cpu" || device == "cuda") return device;
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
 }
@@ -44,7 +47,6 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
   if (device == "cuda") return make_cuda_backend(dtype);
 #else
   (void)dtype;
-  if (device == "cuda") throw Error("this build of ingot has no CUDA backend");
 #endif
   return make_cpu_backend(threads);
 }
