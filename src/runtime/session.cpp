@@ -80,6 +80,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   HostTensor logits = prefill_row(m_, row_, std::span<const int32_t>(req.prompt_ids).subspan(keep), int64_t(keep));
   cached_ = req.prompt_ids;
   int32_t tok = sampler.pick(logits.as<float>(), m_.spec().vocab, history);
+  if (tok == sampling::kNoToken) throw non_finite_logits(0);
   history.push_back(tok);
   m_.set_sampling(row_, req.sampling, history, sampler.draws());
   res.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -88,7 +89,6 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   tok::StreamDecoder dec(tok_, true);
   StopFilter stop(req.stop_strings);
   auto emit = [&](const std::string& s) {
-  if (tok == sampling::kNoToken) throw non_finite_logits(0);
     if (s.empty()) return;
     res.text += s;
     if (on_text) on_text(s);
@@ -112,6 +112,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
     const int64_t slot = int64_t(cached_.size());
     tok = m_.decode({row_}, {tok}, {slot})[0];  // one graph replay; only the token comes back
     cached_.push_back(res.ids.back());
+    if (tok == sampling::kNoToken) throw non_finite_logits(int(res.ids.size()));
   }
   if (res.stop_reason != "stop_string") {
     bool hit = false;
@@ -120,7 +121,6 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   }
   res.decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
   return res;
-    if (tok == sampling::kNoToken) throw non_finite_logits(int(res.ids.size()));
 }
 
 }  // namespace ingot

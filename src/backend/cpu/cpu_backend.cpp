@@ -303,16 +303,16 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   thread_local std::vector<float> s;
   s.resize(size_t(V));
   uint64_t best = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
   bool poisoned = false, any_finite = false;
-    best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
+  for (int64_t i = 0; i < V; ++i) {
     poisoned |= poisons_row(logits[i]);
     any_finite |= is_finite(logits[i]);
+    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
+    best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
   }
+  if (poisoned || !any_finite) return kNoToken;
   const int32_t top = composite_id(best);
   if (!(p.temperature > 0.0f)) return top;
-  if (poisoned || !any_finite) return kNoToken;
 
   // Only candidates within reach of the top can weigh anything; they are a prefix of the order, so
   // leaving the rest out changes no sum, no cut and no draw.
