@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "backend/sampling.h"
 #include "common.h"
 #include "core/error.h"
 #include "options.h"
@@ -133,14 +134,14 @@ void add_bench(CLI::App& app) {
             b.rows.push_back(BatchRow{r0, prompts[size_t(r0)], 0, {}, false});
           if (b.rows.empty()) {  // a prompt longer than the workspace: its row alone, in chunks
             HostTensor lg = prefill_row(m, r0, prompts[size_t(r0)], 0);
-            next[size_t(r0)] = int32_t(std::max_element(lg.as<float>(), lg.as<float>() + s.vocab) - lg.as<float>());
+            next[size_t(r0)] = sampling::argmax_row(lg.as<float>(), s.vocab);
             ++r0;
             continue;
           }
           HostTensor lg = m.forward(b);
           for (size_t i = 0; i < b.rows.size(); ++i) {
             const float* l = lg.as<float>() + int64_t(i) * s.vocab;
-            next[size_t(b.rows[i].row)] = int32_t(std::max_element(l, l + s.vocab) - l);
+            next[size_t(b.rows[i].row)] = sampling::argmax_row(l, s.vocab);
           }
         }
       };
@@ -149,11 +150,17 @@ void add_bench(CLI::App& app) {
         rows[size_t(r)] = r;
         m.set_sampling(r, a->sampling, prompts[size_t(r)]);
       }
+      // A row without a pick (non-finite logits: sampling::kNoToken) stops the run with the step named,
+      // instead of feeding -1 back as a token.
+      auto step_to = [&](int step) {
+        for (int32_t t : next)
+          if (t == sampling::kNoToken) throw non_finite_logits(step);
+        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+      };
       // Warm-up outside the timings: first launches load kernels, matmul plans are chosen and the
       // decode graph is captured. The timed prefill then rewrites the same slots.
       prefill_all();
-      for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step)
-        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+      for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step) step_to(step);
       backend->synchronize();
 
       auto t0 = Clock::now();
@@ -164,7 +171,7 @@ void add_bench(CLI::App& app) {
       auto t1 = Clock::now();
       const int steps = a->new_tokens - 1;
       for (int step = 0; step < steps; ++step) {
-        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+        step_to(step);
         progress("decode", step + 1, steps);
       }
       backend->synchronize();

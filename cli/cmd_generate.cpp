@@ -13,34 +13,6 @@
 
 namespace ingot::cli {
 
-namespace {
-// The first token is sampled on the host from the prefill's logits and the device continues the same
-// seeded stream, with the prompt and that token as the penalty's history (as Session does), so a seed
-// picks the same tokens on every backend.
-std::vector<int32_t> generate_sampled(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                                      const SamplingParams& sp, const TokenCallback& on_token) {
-  check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
-  Sampler sampler(sp);
-  std::vector<int32_t> history = prompt;
-  const HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
-  int32_t tok = sampler.pick(logits.as<float>(), m.spec().vocab, history);
-  if (tok < 0) throw non_finite_logits(0);  // sampling::kNoToken: the prefill's logits had no pick
-  history.push_back(tok);
-  m.set_sampling(o.row, sp, history, sampler.draws());
-  std::vector<int32_t> out;
-  int64_t pos = int64_t(prompt.size());
-  for (int step = 0;; ++step) {
-    if (tok < 0) throw non_finite_logits(step);  // a decode step's logits had no pick
-    out.push_back(tok);
-    on_token(step, step == 0, tok);
-    if (int(out.size()) >= o.max_new_tokens) break;
-    if (std::find(o.eos_ids.begin(), o.eos_ids.end(), int64_t(tok)) != o.eos_ids.end()) break;
-    tok = m.decode({o.row}, {tok}, {pos++})[0];
-  }
-  return out;
-}
-}  // namespace
-
 void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate from token ids (one line per step) or from text");
   struct Args {
@@ -110,14 +82,13 @@ void add_generate(CLI::App& app) {
       std::fprintf(stderr, "warning: %s\n", w.c_str());
     GenerateOptions go;
     go.max_new_tokens = max_new;
+    go.sampling = a->text.sampling;
     if (!a->ignore_eos) go.eos_ids = l.engine->spec.eos_ids;
     const TokenCallback print = [](int step, bool prefill, int32_t tok) {
       std::printf("step %d %s token %d\n", step, prefill ? "prefill" : "decode", tok);
       std::fflush(stdout);
     };
-    std::vector<int32_t> out = a->text.sampling.greedy()
-                                   ? generate_greedy(*l.model, prompt, go, print)
-                                   : generate_sampled(*l.model, prompt, go, a->text.sampling, print);
+    std::vector<int32_t> out = generate_ids(*l.model, prompt, go, print);
     std::printf("generated %zu tokens\n", out.size());
   });
 }

@@ -126,7 +126,7 @@ TEST(Api, GenerationMatchesTheRuntimeAndStreamsTokenByToken) {
   Model m(eng, *be, rt);
   GenerateOptions go;
   go.max_new_tokens = 10;
-  const std::vector<int32_t> want = generate_greedy(m, prompt, go);
+  const std::vector<int32_t> want = generate_ids(m, prompt, go);
 
   for (const std::string& path : {f.folder, f.engine}) {
     api::Model am = api::Model::load(path, cpu());

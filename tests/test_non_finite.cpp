@@ -34,7 +34,7 @@ class NonFinite : public ::testing::Test {
     Model m(*eng, *be, rt);  // the CPU backend uses the engine's weights in place
     GenerateOptions go;
     go.max_new_tokens = max_new;
-    return generate_greedy(m, prompt, go);
+    return generate_ids(m, prompt, go);
   }
   void poison_embedding_row(int32_t id) {
     HostTensor& emb = eng->weights.at("tok_embeddings");

@@ -34,14 +34,19 @@ HostTensor prefill_row(Model& m, int row, std::span<const int32_t> tokens, int64
   return logits;
 }
 
-std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                                     const TokenCallback& on_token) {
+std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                  const TokenCallback& on_token) {
   check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
-  m.set_sampling(o.row, SamplingParams{});  // the row may have been left sampling by an earlier request
-  HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
+  Sampler sampler(o.sampling);
+  const HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
+  std::vector<int32_t> history = prompt;
+  int32_t tok = o.sampling.greedy() ? sampling::argmax_row(logits.as<float>(), m.spec().vocab)
+                                    : sampler.pick(logits.as<float>(), m.spec().vocab, history);
+  // Set even when greedy: the row may have been left sampling by an earlier request.
+  if (tok != sampling::kNoToken) history.push_back(tok);
+  m.set_sampling(o.row, o.sampling, history, sampler.draws());
   std::vector<int32_t> out;
   int64_t pos = int64_t(prompt.size());
-  int32_t tok = sampling::argmax_row(logits.as<float>(), m.spec().vocab);
   for (int step = 0;; ++step) {
     if (tok == sampling::kNoToken) throw non_finite_logits(step);
     out.push_back(tok);

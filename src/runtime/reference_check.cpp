@@ -254,7 +254,7 @@ std::vector<CaseResult> run_reference_check(Model& m, const Reference& ref, cons
     GenerateOptions go;
     go.max_new_tokens = int(G);
     go.row = int(n);
-    std::vector<int32_t> ids = generate_greedy(m, prompt, go);
+    std::vector<int32_t> ids = generate_ids(m, prompt, go);
     std::vector<double> margin(size_t(G), INFINITY);
     if (o.tol.tie_margin > 0 && !ref.greedy_margin.shape().empty()) {
       for (int64_t i = 0; i < G; ++i) margin[size_t(i)] = ref.greedy_margin.as<float>()[n * G + i];
