@@ -190,6 +190,17 @@ class Lexer {
     advance_to(end);
   }
 
+  // The end of a `%}` at p with its whitespace control: `-%}` also takes the whitespace after it,
+  // a plain `%}` one newline (trim_blocks), `+%}` nothing. 0 when no `%}` is at p.
+  std::size_t block_end_at(std::size_t p) const {
+    if (starts(p, "+%}")) return p + 3;
+    if (starts(p, "-%}")) return skip_space(p + 3);
+    if (!starts(p, "%}")) return 0;
+    std::size_t end = p + 2;
+    if (end < s_.size() && s_[end] == '\n') ++end;  // trim_blocks
+    return end;
+  }
+
   void lex_raw(std::size_t body_start) {
     int line = line_;
     line_starting_ = s_[body_start - 1] == '\n';
@@ -202,17 +213,8 @@ class Lexer {
       q = skip_space(q);
       if (!starts(q, "endraw")) continue;
       q = skip_space(q + 6);
-      std::size_t end;
-      if (starts(q, "+%}")) {
-        end = q + 3;
-      } else if (starts(q, "-%}")) {
-        end = skip_space(q + 3);
-      } else if (starts(q, "%}")) {
-        end = q + 2;
-        if (end < s_.size() && s_[end] == '\n') ++end;
-      } else {
-        continue;
-      }
+      std::size_t end = block_end_at(q);
+      if (!end) continue;
       emit_data(strip_before_tag(s_.substr(body_start, p - body_start), sign, false));
       finish_match(end);
       return;
@@ -230,14 +232,7 @@ class Lexer {
       if (brackets.empty()) {
         std::size_t end = 0;
         if (block) {
-          if (starts(pos_, "+%}")) {
-            end = pos_ + 3;
-          } else if (starts(pos_, "-%}")) {
-            end = skip_space(pos_ + 3);
-          } else if (starts(pos_, "%}")) {
-            end = pos_ + 2;
-            if (end < s_.size() && s_[end] == '\n') ++end;  // trim_blocks
-          }
+          end = block_end_at(pos_);
         } else {
           if (starts(pos_, "-}}"))
             end = skip_space(pos_ + 3);
