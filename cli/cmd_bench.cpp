@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "backend/sampling.h"
 #include "common.h"
 #include "core/error.h"
+#include "options.h"
 #include "runtime/generate.h"
 
 namespace ingot::cli {
@@ -21,6 +23,7 @@ double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::dura
 
 void progress(const char* what, int done, int total) {
   if (!isatty(STDERR_FILENO)) return;
+  std::fflush(stdout);  // results printed so far come before the bar, in a shared terminal or pipe
   const int width = 30, fill = total ? done * width / total : width;
   std::fprintf(stderr, "\r%-18s [%.*s%*s] %d/%d", what, fill, "##############################", width - fill, "", done,
                total);
@@ -42,8 +45,9 @@ void add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
-  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(CLI::PositiveNumber);
-  cmd->add_option("--new-tokens", a->new_tokens, "generated tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(at_least(1));
+  cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")
+      ->check(at_least(1));
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");
@@ -56,31 +60,62 @@ void add_bench(CLI::App& app) {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
+    // Everything a run will ask for is checked before the engine is built, generated or verified.
+    ModelSpec spec;
+    DType dt;
+    std::optional<EngineFileInfo> info;
+    if (!a->config.empty()) {
+      spec = load_config_file(a->config);
+      dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
+    } else if (!a->model.engine_path.empty()) {
+      info = inspect_engine(a->model.engine_path);
+      spec = info->spec;
+      dt = info->weight_dtype;
+    } else {
+      spec = load_model_spec(a->model.model_dir);
+      dt = build_dtype(a->model.model_dir, spec,
+                               a->model.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(a->model.dtype)));
+    }
+    const int64_t slots = State::slots_needed(a->prompt_len, a->new_tokens);
+    if (slots > spec.max_position)
+      throw Error("bench: --prompt-len " + std::to_string(a->prompt_len) + " + --max-new-tokens " +
+                  std::to_string(a->new_tokens) + " need " + std::to_string(slots) +
+                  " positions, beyond the model's max_position_embeddings of " + std::to_string(spec.max_position));
+    const std::string dev = resolve_device(a->model.device);
+    // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
+    std::unique_ptr<Backend> backend = dev == "cpu" ? make_cpu_backend(a->model.threads) : nullptr;
+    const std::vector<int> batches = parse_int_list(a->batches);
+    if (batches.empty()) throw Error("bench: --batch names no batch size");
+    std::vector<RuntimeOptions> runs;
+    for (int B : batches) {
+      if (B < 1) throw Error("bench: batch sizes must be positive");
+      RuntimeOptions rt;
+      rt.max_batch = B;
+      rt.capacity = slots;
+      // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
+      rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
+      if (info) rt = fit_engine_bounds(*info, rt, false);
+      check_host_memory(spec, dt, rt, !info, backend.get());
+      runs.push_back(rt);
+    }
+
     EngineSource src;
     const auto t_load = Clock::now();
     if (!a->config.empty()) {
-      ModelSpec spec = load_config_file(a->config);
-      DType dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
       src.engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
     } else {
       src = open_engine(a->model);
     }
     const Engine* engine = src.engine.get();
     const double load_s = secs(t_load, Clock::now());  // engine file: map + verify; otherwise the build
-    const std::string dev = resolve_device(a->model.device);
     check_device(src, dev);
-    auto backend = make_backend(dev, engine->weight_dtype, a->model.threads);
+    if (!backend) backend = make_backend(dev, engine->weight_dtype, a->model.threads);
     const ModelSpec& s = engine->spec;
     nlohmann::json results = nlohmann::json::array();
     const double copy_gbs = backend->copy_bandwidth_gbs();
     std::mt19937 rng(1234);
-    for (int B : parse_int_list(a->batches)) {
-      if (B < 1) throw Error("bench: batch sizes must be positive");
-      RuntimeOptions rt;
-      rt.max_batch = B;
-      rt.capacity = State::slots_needed(a->prompt_len, a->new_tokens);
-      rt.max_tokens = std::min<int64_t>(int64_t(B) * a->prompt_len, 8192);
-      rt = fit_engine_bounds(src, rt, false);
+    for (const RuntimeOptions& rt : runs) {
+      const int B = rt.max_batch;
       const auto t_model = Clock::now();
       Model m(*engine, *backend, rt);
       backend->synchronize();
@@ -99,14 +134,14 @@ void add_bench(CLI::App& app) {
             b.rows.push_back(BatchRow{r0, prompts[size_t(r0)], 0, {}, false});
           if (b.rows.empty()) {  // a prompt longer than the workspace: its row alone, in chunks
             HostTensor lg = prefill_row(m, r0, prompts[size_t(r0)], 0);
-            next[size_t(r0)] = int32_t(std::max_element(lg.as<float>(), lg.as<float>() + s.vocab) - lg.as<float>());
+            next[size_t(r0)] = sampling::argmax_row(lg.as<float>(), s.vocab);
             ++r0;
             continue;
           }
           HostTensor lg = m.forward(b);
           for (size_t i = 0; i < b.rows.size(); ++i) {
             const float* l = lg.as<float>() + int64_t(i) * s.vocab;
-            next[size_t(b.rows[i].row)] = int32_t(std::max_element(l, l + s.vocab) - l);
+            next[size_t(b.rows[i].row)] = sampling::argmax_row(l, s.vocab);
           }
         }
       };
@@ -115,11 +150,17 @@ void add_bench(CLI::App& app) {
         rows[size_t(r)] = r;
         m.set_sampling(r, a->sampling, prompts[size_t(r)]);
       }
+      // A row without a pick (non-finite logits: sampling::kNoToken) stops the run with the step named,
+      // instead of feeding -1 back as a token.
+      auto step_to = [&](int step) {
+        for (int32_t t : next)
+          if (t == sampling::kNoToken) throw non_finite_logits(step);
+        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+      };
       // Warm-up outside the timings: first launches load kernels, matmul plans are chosen and the
       // decode graph is captured. The timed prefill then rewrites the same slots.
       prefill_all();
-      for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step)
-        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+      for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step) step_to(step);
       backend->synchronize();
 
       auto t0 = Clock::now();
@@ -130,7 +171,7 @@ void add_bench(CLI::App& app) {
       auto t1 = Clock::now();
       const int steps = a->new_tokens - 1;
       for (int step = 0; step < steps; ++step) {
-        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+        step_to(step);
         progress("decode", step + 1, steps);
       }
       backend->synchronize();
@@ -183,6 +224,8 @@ void add_bench(CLI::App& app) {
                     "repetition penalty %g)\n",
                     double(a->sampling.temperature), a->sampling.top_k, double(a->sampling.top_p),
                     double(a->sampling.min_p), double(a->sampling.repetition_penalty));
+      // An error in a later batch goes to stderr: the results before it must already be out.
+      std::fflush(stdout);
     }
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
   });

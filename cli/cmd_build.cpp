@@ -7,9 +7,26 @@
 
 #include "common.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "options.h"
 #include "progress.h"
 
 namespace ingot::cli {
+
+namespace {
+
+// The bounds are upper limits (runs allocate per request), so only bounds no single device could ever
+// hold are refused: the least a run at the full bounds takes is its plan with activations in the
+// weights' dtype (what the GPU uses), weights included.
+void check_bounds_fit_a_device(const ModelSpec& spec, DType dt, const CacheBounds& bounds) {
+  const MemoryPlan p = plan_memory(spec, dt, dt, RuntimeOptions{bounds});
+  if (double(p.allocated()) > kLargestDeviceBytes)
+    throw Error("build: a run at the bounds --max-batch " + std::to_string(bounds.max_batch) + " --capacity " +
+                std::to_string(p.options.capacity) + " needs " + p.describe() + ", more than the " +
+                format_bytes(kLargestDeviceBytes) + " of the largest single accelerator; choose bounds a device can hold");
+}
+
+}  // namespace
 
 void add_build(CLI::App& app) {
   auto* cmd = app.add_subcommand("build", "Build an engine file from a checkpoint folder");
@@ -18,7 +35,7 @@ void add_build(CLI::App& app) {
     uint64_t seed = 0;
     int max_batch = 1;
     int64_t capacity = 0;
-    bool quiet = false;
+    bool quiet = false, force = false;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -27,24 +44,38 @@ void add_build(CLI::App& app) {
       ->excludes(m);
   cmd->add_option("--seed", a->seed, "random weights' seed (with --config)");
   cmd->add_option("-o,--output", a->output, "engine file to write")->required();
-  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)");
-  cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(CLI::PositiveNumber);
-  cmd->add_option("--capacity", a->capacity, "cache slots per sequence (default: max_position_embeddings)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--force", a->force, "replace the output file if it exists (never an input)");
+  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)")
+      ->check(dtype_names());
+  cmd->add_option("--max-batch", a->max_batch, "most sequences run at once (cache rows)")->check(at_least(1));
+  cmd->add_option("--capacity", a->capacity,
+                  "most cache slots per sequence a run may ask for (default: min(4096, max_position_embeddings); "
+                  "runs allocate only what they ask for)")
+      ->check(at_least(1));
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->callback([a] {
     EngineBuildInfo info;
-    info.bounds.max_batch = a->max_batch;
-    info.bounds.capacity = a->capacity;
-    info.bounds.layout = parse_layout(a->layout);
     BuildOptions bo;
     if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);
     if (a->model_dir.empty() == a->config.empty()) throw Error("build: give exactly one of --model DIR or --config FILE");
+    check_output_path(a->output, "-o", a->force,
+                      a->config.empty() ? checkpoint_files(a->model_dir) : std::vector<std::string>{a->config});
+    const ModelSpec spec = a->config.empty() ? load_model_spec(a->model_dir) : load_config_file(a->config);
+    const DType dt = a->config.empty() ? build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
+    info.bounds.max_batch = a->max_batch;
+    info.bounds.capacity = a->capacity ? a->capacity : default_capacity(spec);
+    info.bounds.layout = parse_layout(a->layout);
+    if (a->capacity > spec.max_position)
+      std::fprintf(stderr, "warning: --capacity %lld exceeds the model's max_position_embeddings %lld: positions "
+                   "beyond it were not trained, output there degrades\n",
+                   (long long)a->capacity, (long long)spec.max_position);
+    check_bounds_fit_a_device(spec, dt, info.bounds);
+    check_host_memory(spec, dt, RuntimeOptions{info.bounds}, true, nullptr);
     Engine engine;
     if (!a->config.empty()) {
-      engine = random_engine(load_config_file(a->config), bo.dtype.value_or(DType::BF16), a->seed);
+      engine = random_engine(spec, dt, a->seed);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
       {

@@ -7,7 +7,9 @@
 
 #include "common.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "io/safetensors.h"
+#include "options.h"
 
 namespace ingot::cli {
 
@@ -17,15 +19,20 @@ void add_eval(CLI::App& app) {
     ModelArgs model;
     std::string contexts, out;
     int max_batch = 32;
+    bool force = false;
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
   cmd->add_option("--contexts", a->contexts,
                   "safetensors with input_ids [N, S] int64 and lengths [N] int64 (row n uses its first lengths[n] ids)")
       ->required();
-  cmd->add_option("--out", a->out, "safetensors to write: logits [N, vocab] float32")->required();
-  cmd->add_option("--max-batch", a->max_batch, "rows per forward call")->check(CLI::PositiveNumber);
+  cmd->add_option("-o,--output,--out", a->out, "safetensors to write: logits [N, vocab] float32")->required();
+  cmd->add_flag("--force", a->force, "replace the output file if it exists (never an input)");
+  cmd->add_option("--max-batch", a->max_batch, "rows per forward call")->check(at_least(1));
   cmd->callback([a] {
+    std::vector<std::string> inputs = model_inputs(a->model);
+    inputs.push_back(a->contexts);
+    check_output_path(a->out, "--output", a->force, inputs);
     SafetensorsFile f(a->contexts);
     const TensorEntry* ids = f.find("input_ids");
     const TensorEntry* lens = f.find("lengths");
@@ -59,9 +66,9 @@ void add_eval(CLI::App& app) {
       HostTensor lg = l.model->forward(b);
       std::memcpy(out.as<float>() + n0 * V, lg.data(), lg.nbytes());
       n0 += int64_t(b.rows.size());
-      std::fprintf(stderr, "\r%lld/%lld contexts", (long long)n0, (long long)N);
+      if (!a->model.quiet) std::fprintf(stderr, "\r%lld/%lld contexts", (long long)n0, (long long)N);
     }
-    std::fprintf(stderr, "\n");
+    if (!a->model.quiet) std::fprintf(stderr, "\n");
     write_safetensors(a->out, {{"logits", out.view()}},
                       {{"device", l.backend->name()}, {"dtype", std::string(dtype_name(l.engine->weight_dtype))}});
   });

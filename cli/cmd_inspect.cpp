@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "core/error.h"
 #include "progress.h"
 
 namespace ingot::cli {
@@ -40,11 +41,13 @@ void add_inspect(CLI::App& app) {
     bool json = false, verify = false, quiet = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("engine", a->path, "engine file")->required();
+  auto* pos = cmd->add_option("file", a->path, "engine file (or give it as --engine FILE, as other commands take it)");
+  cmd->add_option("--engine", a->path, "engine file")->excludes(pos);
   cmd->add_flag("--json", a->json, "print the metadata as JSON (embedded texts by size and hash)");
   cmd->add_flag("--verify", a->verify, "also check every weight's checksum");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->callback([a] {
+    if (a->path.empty()) throw Error("inspect: give the engine file (`ingot inspect FILE` or --engine FILE)");
     EngineFileInfo f;
     if (a->verify) {
       ProgressBar bar("verifying", a->quiet);

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "options.h"
 #include "progress.h"
 
 #ifdef INGOT_WITH_CUDA
@@ -19,8 +20,9 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--quiet", quiet, "no progress bar");
   app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's; on the GPU "
-                                   "also the activation dtype)");
-  app.add_option("--threads", threads, "CPU threads (default: all cores)");
+                                   "also the activation dtype)")
+      ->check(dtype_names());
+  app.add_option("--threads", threads, "CPU threads (default: all cores; at most 4x the hardware threads)");
 }
 
 std::string resolve_device(const std::string& device) {
@@ -65,23 +67,19 @@ EngineSource open_engine(const ModelArgs& a) {
 }
 
 RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given) {
-  if (!src.file) return rt;
-  const EngineFileInfo& f = *src.file;
-  if (rt.max_batch > f.bounds.max_batch)
-    throw Error(f.path + ": this run needs max batch " + std::to_string(rt.max_batch) +
-                " but the engine was built for at most " + std::to_string(f.bounds.max_batch) +
-                " (rebuild with `ingot build --max-batch N`)");
-  if (rt.capacity > f.bounds.capacity)
-    throw Error(f.path + ": this run needs capacity " + std::to_string(rt.capacity) +
-                " cache slots but the engine was built for at most " + std::to_string(f.bounds.capacity) +
-                " (rebuild with `ingot build --capacity N`)");
-  if (layout_given && rt.layout != f.bounds.layout)
-    throw Error(f.path + ": the engine was built for the " + layout_name(f.bounds.layout) + " cache layout, not " +
-                layout_name(rt.layout) + " (rebuild with `ingot build --layout " + layout_name(rt.layout) + "`)");
-  rt.max_batch = f.bounds.max_batch;
-  rt.capacity = f.bounds.capacity;
-  rt.layout = f.bounds.layout;
-  return rt;
+  return src.file ? fit_engine_bounds(*src.file, rt, layout_given) : rt;
+}
+
+void check_before_loading(const ModelArgs& a, const RuntimeOptions& rt, bool layout_given, const Backend* host_backend) {
+  if (!a.engine_path.empty()) {
+    const EngineFileInfo info = inspect_engine(a.engine_path);
+    check_host_memory(info.spec, info.weight_dtype, fit_engine_bounds(info, rt, layout_given), false, host_backend);
+  } else if (!a.model_dir.empty()) {
+    const ModelSpec spec = load_model_spec(a.model_dir);
+    std::optional<DType> dt;
+    if (!a.dtype.empty()) dt = parse_dtype(a.dtype);
+    check_host_memory(spec, build_dtype(a.model_dir, spec, dt), rt, true, host_backend);
+  }
 }
 
 void check_device(const EngineSource& src, const std::string& device) {
@@ -96,14 +94,17 @@ void check_device(const EngineSource& src, const std::string& device) {
 }
 
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
+  const std::string dev = resolve_device(a.device);
+  // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
+  std::unique_ptr<Backend> host_backend = dev == "cpu" ? make_cpu_backend(a.threads) : nullptr;
+  check_before_loading(a, rt, layout_given, host_backend.get());
   EngineSource src = open_engine(a);
   rt = fit_engine_bounds(src, rt, layout_given);
-  const std::string dev = resolve_device(a.device);
   check_device(src, dev);
   Loaded l;
   l.engine = std::move(src.engine);
   l.engine_file = std::move(src.file);
-  l.backend = make_backend(dev, l.engine->weight_dtype, a.threads);
+  l.backend = host_backend ? std::move(host_backend) : make_backend(dev, l.engine->weight_dtype, a.threads);
   l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
   return l;
 }

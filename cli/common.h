@@ -46,10 +46,13 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
 // Resolves "auto" to cuda when a GPU is usable, else cpu.
 std::string resolve_device(const std::string& device);
 EngineSource open_engine(const ModelArgs& a);
-// With an engine file: throws Error when `rt` asks for more than the stored bounds (or, when
-// layout_given, another layout), else returns rt with the stored bounds, which the Model then
-// enforces exactly as it did for the build. With a checkpoint: rt unchanged.
+// With an engine file: the request's capacity and batch, at most the stored bounds (see the library's
+// fit_engine_bounds); with a checkpoint: rt unchanged.
 RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given);
+// Before the engine is built or its checksums read: refuses a request beyond an engine file's bounds,
+// or one whose memory the host cannot hold (the weights a checkpoint build converts, and, with a
+// host-memory backend, the Model's cache and workspace). The device is checked by the Model itself.
+void check_before_loading(const ModelArgs& a, const RuntimeOptions& rt, bool layout_given, const Backend* host_backend);
 // Refuses a GPU the engine file was not built for (before any GPU work).
 void check_device(const EngineSource& src, const std::string& device);
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = false);

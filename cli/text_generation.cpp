@@ -3,13 +3,14 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "options.h"
 #include "io/engine_tokenizer.h"
 #include "progress.h"
 
 namespace ingot::cli {
 
 void TextArgs::add_to(CLI::App& app) {
-  app.add_option("--max-new-tokens", max_new, "most tokens to generate")->check(CLI::PositiveNumber);
+  app.add_option("--max-new-tokens", max_new, "most tokens to generate")->check(at_least(1));
   app.add_option("--temperature", sampling.temperature, "0 = greedy (default)");
   app.add_option("--top-k", sampling.top_k, "keep the k most likely tokens (0 = off)");
   app.add_option("--top-p", sampling.top_p, "keep the smallest set with this probability mass (1 = off)");
@@ -23,6 +24,11 @@ void TextArgs::add_to(CLI::App& app) {
   app.add_flag("!--no-stats", stats, "no closing statistics line");
 }
 
+CLI::Option* TextArgs::add_chat_template(CLI::App& app) {
+  return app.add_option("--chat-template", chat_template,
+                        "file with a Jinja chat template to use instead of the model's (needed when it has none)");
+}
+
 tok::Tokenizer load_tokenizer(const ModelArgs& a) {
   if (!a.engine_path.empty()) {
     std::optional<tok::Tokenizer> t = tokenizer_from_engine(inspect_engine(a.engine_path));
@@ -33,7 +39,7 @@ tok::Tokenizer load_tokenizer(const ModelArgs& a) {
   return tok::Tokenizer::from_folder(a.model_dir);
 }
 
-api::Model load_text_model(const ModelArgs& a, int64_t capacity) {
+api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capacity, bool chat) {
   if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
   api::LoadConfig c;
   c.device = a.device;
@@ -41,6 +47,8 @@ api::Model load_text_model(const ModelArgs& a, int64_t capacity) {
   c.verify = !a.no_verify;
   c.dtype = a.dtype;
   c.capacity = capacity;
+  c.chat = chat;
+  c.chat_template_file = t.chat_template;
   ProgressBar bar("verifying", a.quiet);
   c.progress = bar.fn();
   return api::Model::load(a.source_name(), c);
@@ -53,6 +61,7 @@ api::GenerateConfig generate_config(const TextArgs& t, bool ignore_eos) {
                              t.sampling.repetition_penalty, t.sampling.seed};
   g.stop = t.stop;
   g.ignore_eos = ignore_eos;
+  g.on_warning = [](const std::string& w) { std::fprintf(stderr, "warning: %s\n", w.c_str()); };
   return g;
 }
 
@@ -63,11 +72,25 @@ api::ChatConfig chat_config(const TextArgs& t) {
 }
 
 api::Result stream_generation(const std::function<api::Result(const api::OnToken&)>& run, bool print_stats) {
-  api::Result r = run([](int32_t, std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  bool line_open = false;  // stdout's last byte is not a newline
+  auto end_line = [&] {
+    if (line_open) std::fputc('\n', stdout);
+    line_open = false;
     std::fflush(stdout);
-  });
-  std::printf("\n");
+  };
+  api::Result r;
+  try {
+    r = run([&](int32_t, std::string_view piece) {
+      if (piece.empty()) return;
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      line_open = piece.back() != '\n';
+    });
+  } catch (...) {
+    end_line();  // the error message that follows starts a line too
+    throw;
+  }
+  end_line();
   if (print_stats)
     std::fprintf(stderr, "[prompt %lld tokens (%lld computed), generated %zu, ttft %.1f ms, %.2f tok/s, stop: %s]\n",
                  (long long)r.prompt_tokens, (long long)r.computed_prompt_tokens, r.token_ids.size(), r.ttft_s * 1e3,

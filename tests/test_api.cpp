@@ -126,7 +126,7 @@ TEST(Api, GenerationMatchesTheRuntimeAndStreamsTokenByToken) {
   Model m(eng, *be, rt);
   GenerateOptions go;
   go.max_new_tokens = 10;
-  const std::vector<int32_t> want = generate_greedy(m, prompt, go);
+  const std::vector<int32_t> want = generate_ids(m, prompt, go);
 
   for (const std::string& path : {f.folder, f.engine}) {
     api::Model am = api::Model::load(path, cpu());
@@ -184,7 +184,9 @@ TEST(Api, ErrorsNameTheProblem) {
   Fx f;
   test::expect_error([&] { api::Model::load(f.dir.file("missing.ingot"), cpu()); }, {"missing.ingot"});
   api::LoadConfig c = cpu();
-  c.capacity = 32;  // within the engine's bound: accepted, the engine keeps its own
+  c.capacity = 32;  // within the engine's bound: the cache is sized for the request, not the bound
+  EXPECT_EQ(api::Model::load(f.engine, c).capacity(), 32);
+  c.capacity = 0;  // min(4096, max_position 64, the bound 64)
   EXPECT_EQ(api::Model::load(f.engine, c).capacity(), 64);
   c.capacity = 65;
   test::expect_error([&] { api::Model::load(f.engine, c); }, {"needs capacity 65", "built for at most 64"});
@@ -196,6 +198,85 @@ TEST(Api, ErrorsNameTheProblem) {
   api::Model bare = api::Model::load(test::fixture("qwen3"), cpu());
   EXPECT_EQ(bare.logits({1, 2}).size(), 2u * 512u);
   test::expect_error([&] { bare.tokenize("x"); }, {"no tokenizer"});
+}
+
+TEST(Api, ChatTemplateFileReplacesTheModelsAndIsCheckedAtLoad) {
+  Fx f;
+  const std::string file = f.dir.file("plain.jinja");
+  std::ofstream(file) << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:";
+  api::LoadConfig c = cpu();
+  c.chat_template_file = file;
+  for (const std::string& path : {f.folder, f.engine}) {
+    api::Model am = api::Model::load(path, c);
+    EXPECT_EQ(am.render_chat({{"user", "hello"}}), "user: hello\nassistant:") << path;
+  }
+  c.chat_template_file = f.dir.file("missing.jinja");
+  test::expect_error([&] { api::Model::load(f.folder, c); }, {"missing.jinja", "does not exist"});
+  c.chat_template_file = f.dir.str();
+  test::expect_error([&] { api::Model::load(f.folder, c); }, {f.dir.str(), "directory"});
+  const std::string broken = f.dir.file("broken.jinja");
+  std::ofstream(broken) << "{% for m in messages %}\n{{ m.content }\n{% endfor %}";
+  c.chat_template_file = broken;
+  test::expect_error([&] { api::Model::load(f.engine, c); }, {"broken.jinja", "line 2"});
+}
+
+TEST(Api, AChatIsRefusedAtLoadWithoutATemplate) {
+  Fx f;
+  // The folder without a chat template: tokenizer_config.json loses its template.
+  std::ofstream(fs::path(f.folder) / "tokenizer_config.json") << R"({"eos_token": "<|im_end|>"})";
+  api::LoadConfig c = cpu();
+  c.chat = true;
+  test::expect_error([&] { api::Model::load(f.folder, c); }, {f.folder, "no chat template", "--chat-template FILE"});
+  c.chat = false;  // generation without a chat still loads; a chat then fails the same way
+  api::Model am = api::Model::load(f.folder, c);
+  test::expect_error([&] { am.chat({{"user", "hi"}}); }, {"no chat template", "--chat-template FILE"});
+  c.chat = true;
+  test::expect_error([&] { api::Model::load(test::fixture("qwen3"), c); }, {"no tokenizer"});
+}
+
+TEST(Api, FitCapacityStopsWhereTheCacheEnds) {
+  Fx f;
+  api::Model am = api::Model::load(f.engine, cpu());  // 64 slots
+  api::GenerateConfig g;
+  g.max_new_tokens = 100;
+  g.ignore_eos = true;
+  g.fit_capacity = true;
+  const std::vector<int32_t> prompt(60, 7);
+  api::Result r = am.generate(prompt, g);
+  EXPECT_EQ(r.token_ids.size(), 5u);  // slots 60..63 hold four of them; the fifth is never fed back
+  EXPECT_EQ(r.stop_reason, "capacity");
+  g.max_new_tokens = 5;  // fits exactly: an ordinary stop
+  EXPECT_EQ(am.generate(prompt, g).stop_reason, "length");
+  api::Result none = am.generate(std::vector<int32_t>(65, 7), g);  // no room at all: nothing runs
+  EXPECT_TRUE(none.token_ids.empty());
+  EXPECT_EQ(none.stop_reason, "capacity");
+  EXPECT_EQ(none.computed_prompt_tokens, 0);
+  g.fit_capacity = false;
+  test::expect_error([&] { am.generate(std::vector<int32_t>(65, 7), g); }, {"capacity is 64"});
+}
+
+TEST(Api, ARequestPastMaxPositionEmbeddingsWarnsFirst) {
+  Fx f;  // the fixture's max_position_embeddings is 64; a larger cache lets the request run
+  api::LoadConfig c = cpu();
+  c.capacity = 80;
+  api::Model am = api::Model::load(f.folder, c);
+  api::GenerateConfig g;
+  g.ignore_eos = true;
+  std::vector<std::string> warnings;
+  bool generated = false;
+  g.on_warning = [&](const std::string& w) {
+    EXPECT_FALSE(generated);  // before any token
+    warnings.push_back(w);
+  };
+  g.max_new_tokens = 3;
+  am.generate(std::vector<int32_t>(62, 7), g, [&](int32_t, std::string_view) { generated = true; });
+  EXPECT_TRUE(warnings.empty());  // 64 positions
+  g.max_new_tokens = 4;
+  generated = false;
+  am.generate(std::vector<int32_t>(62, 7), g, [&](int32_t, std::string_view) { generated = true; });
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("max_position_embeddings (64)"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("65 positions"), std::string::npos) << warnings[0];
 }
 
 }  // namespace

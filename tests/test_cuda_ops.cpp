@@ -329,6 +329,27 @@ TEST_P(CudaOps, SwigluGatherArgmax) {
   cpu_be_->argmax(c.m(c.put(big), 2, BV), cb);
   EXPECT_EQ(g.get_i32(gb, 2), c.get_i32(cb, 2));
   EXPECT_EQ(g.get_i32(gb, 2), (std::vector<int32_t>{5000, int32_t(BV - 1)}));
+
+  // Rows without a pick give -1 (a NaN or +inf anywhere, or nothing finite), also when the bad value
+  // is in another chunk than the maximum; -inf beside finite values is only a low logit.
+  const int64_t NR = 6;
+  auto odd = rnd(size_t(NR * BV));
+  odd[size_t(0 * BV + 17)] = NAN;
+  odd[size_t(1 * BV + BV - 2)] = INFINITY;
+  std::fill(odd.begin() + 2 * BV, odd.begin() + 3 * BV, -INFINITY);
+  odd[size_t(3 * BV + 100)] = 50.0f;  // the maximum in the first chunk, a NaN in the last
+  odd[size_t(3 * BV + 150000)] = NAN;
+  std::fill(odd.begin() + 4 * BV, odd.begin() + 5 * BV, -INFINITY);
+  odd[size_t(4 * BV + 77777)] = -3.0f;  // the one finite logit
+  for (int64_t j = 0; j < BV; j += 2) odd[size_t(5 * BV + j)] = -INFINITY;
+  odd[size_t(5 * BV + 3)] = 40.0f;
+  odd = round_dt(odd);
+  int32_t* gn = g.put_i32(std::vector<int32_t>(size_t(NR)));
+  int32_t* cn = c.put_i32(std::vector<int32_t>(size_t(NR)));
+  gpu_be_->argmax(g.m(g.put(odd), NR, BV), gn);
+  cpu_be_->argmax(c.m(c.put(odd), NR, BV), cn);
+  EXPECT_EQ(g.get_i32(gn, size_t(NR)), c.get_i32(cn, size_t(NR)));
+  EXPECT_EQ(g.get_i32(gn, size_t(NR)), (std::vector<int32_t>{-1, -1, -1, -1, 77777, 3}));
 }
 
 TEST_P(CudaOps, RopeCacheWrite) {
@@ -489,7 +510,7 @@ std::string describe(const SampleParams& p) {
 
 // The sample op picks exactly the CPU reference's tokens (identical, not close): a Qwen-sized and a
 // tiny vocabulary, rows of every kind (spread, wide, heavy ties, all equal, -inf entries, two tied
-// dominant tokens far above the rest), every setting, rows reaching their state through an
+// dominant tokens far above the rest, a NaN or +inf, all -inf), every setting, rows reaching their state through an
 // indirection, three calls so the draw counters and seen marks carry over.
 TEST_P(CudaOps, SampleMatchesCpu) {
   for (int64_t V : {int64_t(151936), int64_t(37)}) {
@@ -497,7 +518,7 @@ TEST_P(CudaOps, SampleMatchesCpu) {
     std::vector<float> lg = rnd(size_t(R * V), 2.0f);
     for (int64_t r = 0; r < R; ++r) {
       float* l = lg.data() + r * V;
-      switch (r % 6) {
+      switch (r % 8) {
         case 1: for (int64_t j = 0; j < V; ++j) l[j] *= 4.0f; break;
         case 2: for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f; break;
         case 3: std::fill(l, l + V, 1.25f); break;
@@ -506,6 +527,8 @@ TEST_P(CudaOps, SampleMatchesCpu) {
           for (int64_t j = 0; j < V; ++j) l[j] -= 30.0f;
           l[V / 2] = l[V / 3] = 10.0f;
           break;
+        case 6: l[(r * 13) % V] = r % 16 == 6 ? NAN : INFINITY; break;  // no pick: -1, seen untouched
+        case 7: std::fill(l, l + V, -INFINITY); break;                  // nothing finite: -1
         default: break;
       }
     }
@@ -542,7 +565,7 @@ TEST_P(CudaOps, SampleMatchesCpu) {
       const std::vector<int32_t> got = g.get_i32(gout, size_t(R));
       for (int64_t r = 0; r < R; ++r)
         EXPECT_EQ(got[size_t(r)], cout[size_t(r)])
-            << "vocab " << V << " call " << call << " row " << r << " (kind " << r % 6 << ", "
+            << "vocab " << V << " call " << call << " row " << r << " (kind " << r % 8 << ", "
             << describe(params[size_t(state_of[size_t(r)])]) << ")";
     }
     std::vector<uint32_t> gstep(step.size());

@@ -50,8 +50,8 @@ TEST_P(CudaParity, MatchesTransformersInF32) {
     rt.layout = layout;
     Model m(engine, *be, rt);
     CheckOptions co;
-    co.atol = 1e-3;
-    co.rtol = 1e-4;
+    co.tol.atol = 1e-3;
+    co.tol.rtol = 1e-4;
     for (const CaseResult& c : run_reference_check(m, ref, co)) {
       EXPECT_TRUE(c.passed()) << GetParam() << " " << layout_name(layout) << " " << c.mode << ": max |dlogit| "
                               << c.max_abs << ", allclose " << c.allclose << ", agree " << c.agree << "/" << c.total;

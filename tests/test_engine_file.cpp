@@ -199,8 +199,8 @@ TEST_P(RoundTrip, ReloadInASeparateProcessPassesTheReferenceCheck) {
   test::TempDir d;
   const std::string eng = d.file("m.ingot"), dir = test::fixture(fx);
   for (const char* layout : {"heads_first", "flattened"}) {
-    auto [rc, out] = sh(q(INGOT_BINARY) + " build --quiet --model " + q(dir) + " -o " + q(eng) + " --max-batch 4 --layout " +
-                        layout);
+    auto [rc, out] = sh(q(INGOT_BINARY) + " build --quiet --force --model " + q(dir) + " -o " + q(eng) +
+                        " --max-batch 4 --layout " + layout);
     ASSERT_EQ(rc, 0) << out;
     auto [rc2, out2] = sh(q(INGOT_BINARY) + " check --engine " + q(eng) + " --reference " + q(dir + "/reference.safetensors"));
     EXPECT_EQ(rc2, 0) << out2;
@@ -240,8 +240,8 @@ TEST(EngineBounds, RequestsBeyondTheStoredBoundsFailAsBeforeSaving) {
   }
   GenerateOptions go;
   go.max_new_tokens = 8;
-  const std::string g1 = error_of([&] { generate_greedy(before, seq(10, 2), go); });
-  const std::string g2 = error_of([&] { generate_greedy(after, seq(10, 2), go); });
+  const std::string g1 = error_of([&] { generate_ids(before, seq(10, 2), go); });
+  const std::string g2 = error_of([&] { generate_ids(after, seq(10, 2), go); });
   EXPECT_NE(g1.find("capacity is 16"), std::string::npos) << g1;
   EXPECT_EQ(g1, g2);
 }
@@ -260,7 +260,7 @@ TEST(EngineBounds, TheCommandLineEnforcesThemInANewProcess) {
   auto [rc3, out3] = sh(q(INGOT_BINARY) + " generate --engine " + q(eng) + ids);
   auto [rc4, out4] = sh(q(INGOT_BINARY) + " generate --model " + q(dir) + ids);
   EXPECT_NE(rc3, 0);
-  EXPECT_NE(out3.find("capacity is 12"), std::string::npos) << out3;
+  EXPECT_NE(out3.find("need 13 cache slots, beyond --capacity 12"), std::string::npos) << out3;
   EXPECT_EQ(out3, out4);
   // Without --capacity the request (13 slots) is checked against the stored bound before loading a model.
   auto [rc5, out5] = sh(q(INGOT_BINARY) + " generate --engine " + q(eng) + " --prompt-ids 1,2,3,4,5,6,7,8,9,10 --max-new-tokens 4");
@@ -523,7 +523,8 @@ TEST(EngineSave, RefusesEnginesThatDoNotMatchTheirSpecAndBadBounds) {
   info.bounds.capacity = int64_t(1) << 31;
   test::expect_error([&] { save_engine(e, info, d.file("a.ingot")); }, {"capacity 2147483648"});
   info.bounds = bounds(1, 16);
-  test::expect_error([&] { save_engine(e, info, d.str() + "/no/such/dir/a.ingot"); }, {"cannot create"});
+  test::expect_error([&] { save_engine(e, info, d.str() + "/no/such/dir/a.ingot"); },
+                     {"cannot write in folder", "/no/such/dir", "No such file or directory"});
   e.weights.erase("final_norm");
   test::expect_error([&] { save_engine(e, info, d.file("b.ingot")); }, {"no weight 'final_norm'"});
   EXPECT_FALSE(std::filesystem::exists(d.file("b.ingot")));

@@ -51,11 +51,11 @@ TEST(KvCache, CapacityBoundaryIsExact) {
   GenerateOptions go;
   // prompt 12 + 9 new - 1 = 20 slots: exactly full is accepted.
   go.max_new_tokens = 9;
-  EXPECT_EQ(generate_greedy(m, seq(12), go).size(), 9u);
+  EXPECT_EQ(generate_ids(m, seq(12), go).size(), 9u);
   // One more token needs 21 slots: rejected before any compute, cache untouched.
   const std::vector<uint8_t> before = m.state().read_row(0);
   go.max_new_tokens = 10;
-  test::expect_error([&] { generate_greedy(m, seq(12, 7), go); }, {"21 cache slots", "capacity is 20"});
+  test::expect_error([&] { generate_ids(m, seq(12, 7), go); }, {"21 cache slots", "capacity is 20"});
   EXPECT_EQ(m.state().read_row(0), before);
   // The same rule at the forward level.
   EXPECT_NO_THROW(m.forward(Batch{{BatchRow{0, seq(4), 16, {}, false}}}));

@@ -225,10 +225,47 @@ TEST(Sampler, PenaltyAppliesOncePerDistinctToken) {
   EXPECT_EQ(Sampler(p).pick(neg2.data(), 2, {0}), 1);
 }
 
-TEST(Sampler, ARowOfNaNsGivesTheFirstToken) {
-  const std::vector<float> nan(5, NAN);
-  EXPECT_EQ(Sampler(temp(1.0f)).pick(nan.data(), 5, {}), 0);
-  EXPECT_EQ(Sampler(SamplingParams{}).pick(nan.data(), 5, {}), 0);
+// A NaN or +inf anywhere, or no finite logit, leaves the row without a pick: kNoToken from the
+// Sampler, the sample op and the argmax op alike. -inf beside finite logits is a token of probability 0.
+TEST(Sampler, RowsWithoutAPickGiveNoToken) {
+  SamplingParams pen = temp(1.0f);
+  pen.repetition_penalty = 1.5f;
+  pen.top_k = 2;
+  const std::vector<std::vector<float>> none = {
+      std::vector<float>(5, NAN), {1.0f, 2.0f, NAN, 0.5f, 0.0f}, {1.0f, INFINITY, 0.0f, 0.0f, 0.0f},
+      std::vector<float>(5, -INFINITY), {-INFINITY, -NAN, -INFINITY, -INFINITY, -INFINITY}};
+  auto be = make_cpu_backend(1);
+  for (const std::vector<float>& row : none) {
+    for (const SamplingParams& p : {SamplingParams{}, temp(1.0f), pen}) {
+      EXPECT_EQ(Sampler(p).pick(row.data(), 5, {1}), sampling::kNoToken) << row[0] << " " << row[1];
+      // The op marks nothing and still advances the counter.
+      const SampleParams sp = p.to_backend();
+      uint32_t step = 4;
+      std::vector<uint8_t> seen(5, 0);
+      int32_t out = 7;
+      be->sample(mat(const_cast<float*>(row.data()), DType::F32, 1, 5), SampleState{nullptr, &sp, &step, seen.data(), 5},
+                 &out);
+      EXPECT_EQ(out, sampling::kNoToken);
+      EXPECT_EQ(step, 5u);
+      EXPECT_EQ(seen, std::vector<uint8_t>(5, 0));
+    }
+    int32_t out = 7;
+    be->argmax(mat(const_cast<float*>(row.data()), DType::F32, 1, 5), &out);
+    EXPECT_EQ(out, sampling::kNoToken);
+    EXPECT_EQ(sampling::argmax_row(row.data(), 5), sampling::kNoToken);
+  }
+  const std::vector<float> masked = {-INFINITY, -1.0f, -INFINITY, -0.5f, -INFINITY};
+  EXPECT_EQ(sampling::argmax_row(masked.data(), 5), 3);
+  EXPECT_EQ(Sampler(SamplingParams{}).pick(masked.data(), 5, {}), 3);
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    SamplingParams p = temp(1.0f);
+    p.seed = seed;
+    const int32_t t = Sampler(p).pick(masked.data(), 5, {});
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  // A row whose maximum is -FLT_MAX still has a pick.
+  const std::vector<float> lowest = {-INFINITY, -3.4028235e38f, -INFINITY};
+  EXPECT_EQ(sampling::argmax_row(lowest.data(), 3), 1);
 }
 
 TEST(CpuSampleOp, StateRowsSeenMarksAndDrawCounters) {

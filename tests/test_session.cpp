@@ -106,5 +106,14 @@ TEST_F(DemoModel, OversizedRequestFailsBeforeCompute) {
   test::expect_error([&] { s.generate(req); }, {"capacity is 256"});
 }
 
+TEST(PositionLimit, WarnsOnlyPastMaxPositionEmbeddingsNamingBothFigures) {
+  // 10 prompt tokens and 503 new ones use 512 positions (the last token is never fed back).
+  EXPECT_EQ(position_limit_warning(512, 10, 503), "");
+  const std::string w = position_limit_warning(512, 10, 504);
+  for (const char* f : {"10 tokens", "504 new tokens", "513 positions", "max_position_embeddings (512)"})
+    EXPECT_NE(w.find(f), std::string::npos) << w << " lacks " << f;
+  EXPECT_EQ(w.find('\n'), std::string::npos);  // one line
+}
+
 }  // namespace
 }  // namespace ingot

@@ -89,7 +89,7 @@ def main():
         model.to(dt)
         hf = last_logits(model, ids, lengths.tolist(), dt)
         out_path = os.path.join(a.workdir, f"ingot_{dname}.safetensors")
-        subprocess.run([a.ingot, "eval-logits", "--model", model_dir, "--contexts", ctx_path, "--out", out_path,
+        subprocess.run([a.ingot, "eval-logits", "--model", model_dir, "--contexts", ctx_path, "--out", out_path, "--force",
                         "--dtype", dname, "--device", "cuda"], check=True)
         ours = load_file(out_path)["logits"]
         row = {"dtype": dname, "transformers": stats(ref, hf), "ingot": stats(ref, ours)}

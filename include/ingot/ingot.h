@@ -18,11 +18,18 @@ struct LoadConfig {
   int threads = 0;              // CPU threads; 0 = all cores
   bool verify = true;           // engine files: check every weight's checksum while loading
   std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
-  // Cache slots, i.e. prompt + generated tokens. Checkpoint folders: 0 = max_position_embeddings.
-  // Engine files keep the capacity they were built for; a non-zero value above it is refused.
+  // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,
+  // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
+  // refuses a value above the capacity it was built for.
   int64_t capacity = 0;
   // Engine files: called with bytes verified so far and in all (from one thread at a time).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // A file whose text replaces the model's chat template ("" = the model's own). It is read and parsed
+  // by load(); errors name the file and the template's line.
+  std::string chat_template_file;
+  // The caller will chat: load() refuses, before reading any weights, a model without a tokenizer or
+  // a chat template (its own or chat_template_file).
+  bool chat = false;
 };
 
 struct Sampling {
@@ -39,6 +46,13 @@ struct GenerateConfig {
   Sampling sampling;
   std::vector<std::string> stop;  // stop strings (the text is cut before them)
   bool ignore_eos = false;
+  // Stop where the cache ends (stop_reason "capacity") instead of refusing a request whose
+  // max_new_tokens runs past it; a prompt that leaves no room gives no tokens and computes nothing.
+  // For conversations, which grow until the cache is full.
+  bool fit_capacity = false;
+  // Called before generation with one-line warnings: the prompt plus max_new_tokens run past the
+  // model's max_position_embeddings (it still runs; output beyond may degrade).
+  std::function<void(const std::string& warning)> on_warning;
 };
 
 struct Message {
@@ -56,7 +70,7 @@ struct Result {
   std::vector<int32_t> token_ids;  // generated ids
   int64_t prompt_tokens = 0;
   int64_t computed_prompt_tokens = 0;  // prompt tokens computed (the rest came from the cached prefix)
-  std::string stop_reason;             // eos | stop_string | length
+  std::string stop_reason;             // eos | stop_string | length | capacity (fit_capacity)
   double ttft_s = 0;                   // call start to first token
   double decode_s = 0;                 // first token to last
   double decode_tokens_per_s() const {
@@ -80,8 +94,8 @@ class Model {
   Result generate(std::string_view prompt, const GenerateConfig& config = {}, const OnToken& on_token = {});
   Result generate(const std::vector<int32_t>& prompt_ids, const GenerateConfig& config = {},
                   const OnToken& on_token = {});
-  // Renders the messages with the model's chat template and generates the assistant's reply. The
-  // conversation's cached prefix is reused across calls.
+  // Renders the messages with the chat template (LoadConfig::chat_template_file, else the model's) and
+  // generates the assistant's reply. The conversation's cached prefix is reused across calls.
   Result chat(const std::vector<Message>& messages, const GenerateConfig& config = {}, const OnToken& on_token = {},
               const ChatConfig& chat = {});
 

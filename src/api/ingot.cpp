@@ -27,18 +27,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads, std::string& resolved) {
-  resolved = device;
+std::string resolve_device(const std::string& device) {
+  if (device == "auto") {
 #ifdef INGOT_WITH_CUDA
-  if (device == "auto") resolved = cuda_available() ? "cuda" : "cpu";
-  if (resolved == "cuda") return make_cuda_backend(dtype);
+    return cuda_available() ? "cuda" : "cpu";
+#else
+    return "cpu";
+#endif
+  }
+#ifndef INGOT_WITH_CUDA
+  if (device == "cuda") throw Error("this build of ingot has no CUDA backend");
+#endif
+  if (device == "cpu" || device == "cuda") return device;
+  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads) {
+#ifdef INGOT_WITH_CUDA
+  if (device == "cuda") return make_cuda_backend(dtype);
 #else
   (void)dtype;
-  if (device == "auto") resolved = "cpu";
-  if (resolved == "cuda") throw Error("this build of ingot has no CUDA backend");
 #endif
-  if (resolved == "cpu") return make_cpu_backend(threads);
-  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
+  return make_cpu_backend(threads);
 }
 
 nlohmann::ordered_json to_json(const std::vector<Message>& messages) {
@@ -62,6 +72,7 @@ struct Model::Impl {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ingot::Model> model;
   std::optional<tok::Tokenizer> tokenizer;
+  std::optional<ChatFormat> chat;  // the template file's, or the tokenizer's once a chat needs it
   std::unique_ptr<Session> session;
   std::vector<int32_t> eos_ids;
   std::string device;
@@ -72,10 +83,29 @@ struct Model::Impl {
     return *tokenizer;
   }
 
+  const ChatFormat& chat_format() {
+    if (!chat) chat = ChatFormat::from_tokenizer(tk(), source);
+    return *chat;
+  }
+
   Result run(const std::vector<int32_t>& ids, const GenerateConfig& c, const OnToken& on_token) {
     TextRequest req;
     req.prompt_ids = ids;
     req.max_new_tokens = c.max_new_tokens;
+    const int64_t room = model->state().max_new_tokens(int64_t(ids.size()));
+    if (c.fit_capacity && !ids.empty() && c.max_new_tokens > room) {
+      if (room < 1) {
+        Result r;
+        r.prompt_tokens = int64_t(ids.size());
+        r.stop_reason = "capacity";
+        return r;
+      }
+      req.max_new_tokens = int(room);
+    }
+    if (c.on_warning && !ids.empty())
+      if (std::string w = position_limit_warning(model->spec().max_position, int64_t(ids.size()), req.max_new_tokens);
+          !w.empty())
+        c.on_warning(w);
     req.sampling = SamplingParams{c.sampling.temperature, c.sampling.top_k,  c.sampling.top_p,
                                   c.sampling.min_p,       c.sampling.repetition_penalty, c.sampling.seed};
     if (!c.ignore_eos) req.eos_ids = eos_ids;
@@ -98,6 +128,7 @@ struct Model::Impl {
     r.prompt_tokens = t.prompt_tokens;
     r.computed_prompt_tokens = t.prefilled_tokens;
     r.stop_reason = t.stop_reason;
+    if (r.stop_reason == "length" && req.max_new_tokens < c.max_new_tokens) r.stop_reason = "capacity";
     r.ttft_s = t.ttft_s;
     r.decode_s = t.decode_s;
     return r;
@@ -113,14 +144,36 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   const auto t0 = std::chrono::steady_clock::now();
   auto im = std::make_unique<Impl>();
   im->source = path;
+  // A chat that cannot happen is refused before any weights are read.
+  if (!c.chat_template_file.empty()) im->chat = ChatFormat::from_file(c.chat_template_file);
+  if (c.chat) {
+    if (fs::is_directory(path)) {
+      if (fs::exists(fs::path(path) / "tokenizer.json")) im->tokenizer = tok::Tokenizer::from_folder(path);
+    } else {
+      im->tokenizer = tokenizer_from_engine(inspect_engine(path));
+    }
+    im->chat_format();
+  }
+  im->device = resolve_device(c.device);
+  // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
+  // the host memory check that precedes the build or the checksum pass.
+  if (im->device == "cpu") im->backend = make_cpu_backend(c.threads);
   RuntimeOptions rt;
+  rt.capacity = c.capacity;
   if (fs::is_directory(path)) {
     BuildOptions bo;
     if (!c.dtype.empty()) bo.dtype = parse_dtype(c.dtype);
+    const ModelSpec spec = load_model_spec(path);
+    check_host_memory(spec, build_dtype(path, spec, bo.dtype), rt, true, im->backend.get());
     im->engine = std::make_unique<Engine>(build_engine(path, bo));
-    rt.capacity = c.capacity;
-    if (fs::exists(fs::path(path) / "tokenizer.json")) im->tokenizer = tok::Tokenizer::from_folder(path);
+    if (!im->tokenizer && fs::exists(fs::path(path) / "tokenizer.json"))
+      im->tokenizer = tok::Tokenizer::from_folder(path);
   } else {
+    {
+      const EngineFileInfo info = inspect_engine(path);
+      rt = fit_engine_bounds(info, rt, false);
+      check_host_memory(info.spec, info.weight_dtype, rt, false, im->backend.get());
+    }
     LoadOptions lo;
     lo.verify = c.verify;
     lo.progress = c.progress;
@@ -128,15 +181,10 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
     if (!c.dtype.empty() && parse_dtype(c.dtype) != le.engine.weight_dtype)
       throw Error(path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
                   " weights; rebuild it to change the dtype");
-    if (c.capacity > le.info.bounds.capacity)
-      throw Error(path + ": this run needs capacity " + std::to_string(c.capacity) +
-                  " cache slots but the engine was built for at most " + std::to_string(le.info.bounds.capacity) +
-                  " (rebuild with `ingot build --capacity N`)");
-    rt = RuntimeOptions{le.info.bounds};
-    im->tokenizer = tokenizer_from_engine(le.info);
+    if (!im->tokenizer) im->tokenizer = tokenizer_from_engine(le.info);
     im->engine = std::make_unique<Engine>(std::move(le.engine));
 #ifdef INGOT_WITH_CUDA
-    if (c.device != "cpu" && cuda_available()) {
+    if (im->device == "cuda") {
       int major = 0, minor = 0;
       if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess)
@@ -144,7 +192,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
     }
 #endif
   }
-  im->backend = make_backend(c.device, im->engine->weight_dtype, c.threads, im->device);
+  if (!im->backend) im->backend = make_backend(im->device, im->engine->weight_dtype, c.threads);
   im->model = std::make_unique<ingot::Model>(*im->engine, *im->backend, rt);
   for (int64_t e : im->engine->spec.eos_ids) im->eos_ids.push_back(int32_t(e));
   if (im->tokenizer) {
@@ -167,7 +215,7 @@ Result Model::generate(const std::vector<int32_t>& ids, const GenerateConfig& c,
 
 Result Model::chat(const std::vector<Message>& messages, const GenerateConfig& c, const OnToken& on_token,
                    const ChatConfig& chat) {
-  return impl_->run(chat_ids(impl_->tk(), to_json(messages), chat_options(chat)), c, on_token);
+  return impl_->run(impl_->chat_format().ids(impl_->tk(), to_json(messages), chat_options(chat)), c, on_token);
 }
 
 std::vector<int32_t> Model::tokenize(std::string_view text, bool add_special_tokens) const {
@@ -179,7 +227,7 @@ std::string Model::detokenize(const std::vector<int32_t>& ids, bool skip_special
 }
 
 std::string Model::render_chat(const std::vector<Message>& messages, const ChatConfig& chat) const {
-  return ingot::render_chat(impl_->tk(), to_json(messages), chat_options(chat));
+  return impl_->chat_format().render(impl_->tk(), to_json(messages), chat_options(chat));
 }
 
 std::vector<float> Model::logits(const std::vector<int32_t>& ids) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -120,6 +121,9 @@ class Backend {
   virtual double copy_bandwidth_gbs() { return 0.0; }
   // Peak backend memory allocated so far, in bytes (0 when not tracked).
   virtual size_t peak_memory_bytes() const { return 0; }
+  // Bytes alloc() could still hand out now (free device memory; for host memory what the kernel could
+  // give without swapping), or nullopt when unknown. Checked against a MemoryPlan before allocating.
+  virtual std::optional<size_t> available_memory_bytes() const { return std::nullopt; }
 
   // out[t, :] = table[ids[t], :]
   virtual void embedding(const Mat& table, const int32_t* ids, const Mat& out) = 0;
@@ -144,11 +148,13 @@ class Backend {
   }
   // dst[i, :] = src[idx[i], :]
   virtual void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) = 0;
-  // out[i] = argmax_j logits[i, j] (lowest index on ties)
+  // out[i] = argmax_j logits[i, j] (lowest index on ties), or -1 (sampling::kNoToken) for a row with
+  // a NaN or +inf logit or no finite one: its softmax is NaN, it has no meaningful pick.
   virtual void argmax(const Mat& logits, int32_t* out) = 0;
   // out[i] = a token drawn from logits row i by its state row's settings (repetition penalty,
   // temperature, top-k, min-p, top-p), defined exactly in backend/sampling.h so every backend picks
-  // the same token; then marks it in seen (when given) and advances step.
+  // the same token; then marks it in seen (when given) and advances step. A row without a pick
+  // (as for argmax) gives -1 (sampling::kNoToken), marks nothing and still advances step.
   virtual void sample(const Mat& logits, const SampleState& st, int32_t* out) = 0;
   // Widens a matrix into contiguous f32 rows at dst (host memory backends only; others download).
   virtual void to_f32(const Mat& src, float* dst) = 0;

@@ -22,10 +22,17 @@
 //     whose w is 1).
 //  6. top-p: the shortest prefix of what is kept whose running W reaches top_p_target(top_p, total),
 //     or all that is kept when it never does.
-//  7. mass = the kept W; 0 (a row of NaNs) gives the top. Otherwise r = mulhi(random_bits(seed,
-//     step), mass), uniform in [0, mass), and the pick is the first kept candidate whose running W
-//     exceeds r (the inverse CDF in candidate order).
-// The op then marks the pick in seen and advances step.
+//  7. mass = the kept W (never 0: the top weighs 2^40; the top is the fallback all the same).
+//     r = mulhi(random_bits(seed, step), mass), uniform in [0, mass), and the pick is the first kept
+//     candidate whose running W exceeds r (the inverse CDF in candidate order).
+// Before all of it: a row with a NaN or +inf logit, or with no finite logit (all -inf), has no pick
+// and gives kNoToken. Its softmax is NaN (transformers' multinomial refuses it); such logits come from
+// overflowed activations or broken weights. -inf entries beside finite ones are tokens of probability
+// 0, as usual.
+// The op then marks the pick in seen (none for kNoToken) and advances step.
+//
+// The argmax op shares the rule: the first maximum of the row, or kNoToken; argmax_row below is its
+// definition.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -136,6 +143,17 @@ INGOT_HD float float_of(uint32_t u) {
 
 // ---- scores, order, weights -------------------------------------------------------------------
 
+// The pick of a row whose logits are not all finite, from both the argmax and the sample op.
+constexpr int32_t kNoToken = -1;
+
+// By the bits, so that no fast-math setting changes the answer: not NaN and not an infinity...
+INGOT_HD bool is_finite(float x) { return (bits_of(x) & 0x7f800000u) != 0x7f800000u; }
+// ...and NaN or +inf, a logit that leaves its row without a pick.
+INGOT_HD bool poisons_row(float x) {
+  const uint32_t u = bits_of(x);
+  return (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;
+}
+
 // 1 / temperature, or 1 when the row takes the argmax (the scores are then only penalised).
 INGOT_HD float inverse_temperature(float temperature) {
   return temperature > 0.0f ? div_rn(1.0f, temperature) : 1.0f;
@@ -212,5 +230,16 @@ INGOT_HD uint64_t top_p_target(float top_p, uint64_t total) {
 // One row through steps 1-7 on the host: f32 logits of `vocab` tokens, seen (null: nothing seen) of
 // `vocab` flags, the row's draw counter. Neither marks seen nor advances step (the op does).
 int32_t sample_row(const float* logits, int64_t vocab, const SampleParams& p, const uint8_t* seen, uint32_t step);
+
+// The argmax op on one row: the lowest index of the maximum, or kNoToken for a row with a NaN or +inf
+// logit or none finite.
+inline int32_t argmax_row(const float* logits, int64_t vocab) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (poisons_row(logits[i])) return kNoToken;
+    if (is_finite(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+  }
+  return best < 0 ? kNoToken : int32_t(best);
+}
 
 }  // namespace ingot::sampling

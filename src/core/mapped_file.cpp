@@ -10,21 +10,21 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace ingot {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  const int fd = open_for_reading(path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    int e = errno;
+    const int e = errno;
     ::close(fd);
-    throw Error(path + ": cannot stat: " + std::strerror(e));
+    throw Error(read_error(path, e));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(path + ": not a regular file");
+    throw Error(path + ": not a regular file (a pipe or a device cannot be mapped)");
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {

@@ -1,10 +1,15 @@
 // The build step: checkpoint tensors are checked against the family's weight table (presence, shape,
-// dtype), then converted to the engine dtype and stacked into the runtime layout; and random engines
-// of the same layout.
+// dtype, and no tensor left over), then converted to the engine dtype and stacked into the runtime
+// layout, each converted chunk checked for NaN and infinity while it is still in cache; and random
+// engines of the same layout.
 #include "io/engine.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "core/error.h"
 #include "io/model_config.h"
@@ -27,42 +32,151 @@ size_t Engine::weight_bytes() const {
 
 namespace {
 
-// Copies (converting if needed) `src` into dst at byte offset `at`, as dtype dt.
-void convert_into(const TensorView& src, DType dt, HostTensor& dst, size_t at_elems) {
-  uint8_t* out = static_cast<uint8_t*>(dst.data()) + at_elems * dtype_size(dt);
-  const size_t n = size_t(src.numel());
-  if (src.dtype == dt) {
-    std::memcpy(out, src.data, src.nbytes());
-    return;
+// The index of the first NaN or infinity among n values of a floating dtype, or n: an all-ones
+// exponent field. The flag loop has no early exit so that it vectorises.
+template <typename U>
+size_t first_non_finite_bits(const U* v, size_t n, U exponent) {
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) any |= (v[i] & exponent) == exponent;
+  if (!any) return n;
+  size_t i = 0;
+  while ((v[i] & exponent) != exponent) ++i;
+  return i;
+}
+size_t first_non_finite(DType dt, const void* data, size_t n) {
+  switch (dt) {
+    case DType::F32: return first_non_finite_bits(static_cast<const uint32_t*>(data), n, uint32_t(0x7f800000u));
+    case DType::F16: return first_non_finite_bits(static_cast<const uint16_t*>(data), n, uint16_t(0x7c00u));
+    case DType::BF16: return first_non_finite_bits(static_cast<const uint16_t*>(data), n, uint16_t(0x7f80u));
+    default: return n;
   }
-  std::vector<float> tmp(std::min<size_t>(n, 1 << 20));
-  for (size_t i = 0; i < n; i += tmp.size()) {
-    size_t c = std::min(tmp.size(), n - i);
-    convert_to_f32(src.dtype, static_cast<const uint8_t*>(src.data) + i * dtype_size(src.dtype), tmp.data(), c);
-    convert_from_f32(dt, tmp.data(), out + i * dtype_size(dt), c);
+}
+
+// "[i, j]" for a flat element index of a tensor of this shape.
+std::string index_str(const Shape& shape, size_t flat) {
+  std::string out;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const size_t dim = size_t(shape[d]);
+    out = std::to_string(flat % dim) + (out.empty() ? "" : ", ") + out;
+    flat /= dim;
+  }
+  return "[" + out + "]";
+}
+
+// One checkpoint tensor: its view and its name in the checkpoint, for errors.
+struct Source {
+  TensorView view;
+  std::string hf_name;
+};
+
+// Copies (converting if needed) `src` into dst at element offset `at_elems`, as dtype dt, checking
+// every chunk of the result for NaN and infinity while it is in cache: a value the checkpoint holds, or
+// one that overflows a narrower engine dtype.
+void convert_into(const Source& src, DType dt, HostTensor& dst, size_t at_elems, const std::string& dir) {
+  uint8_t* out = static_cast<uint8_t*>(dst.data()) + at_elems * dtype_size(dt);
+  const TensorView& v = src.view;
+  const uint8_t* in = static_cast<const uint8_t*>(v.data);
+  const size_t n = size_t(v.numel());
+  const size_t in_es = dtype_size(v.dtype), out_es = dtype_size(dt);
+  constexpr size_t kChunk = size_t(1) << 16;
+  std::vector<float> tmp(v.dtype == dt ? 0 : std::min(n, kChunk));
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t c = std::min(kChunk, n - i);
+    if (v.dtype == dt) {
+      std::memcpy(out + i * out_es, in + i * in_es, c * in_es);
+    } else {
+      convert_to_f32(v.dtype, in + i * in_es, tmp.data(), c);
+      convert_from_f32(dt, tmp.data(), out + i * out_es, c);
+    }
+    const size_t bad = first_non_finite(dt, out + i * out_es, c);
+    if (bad == c) continue;
+    const size_t at = i + bad;
+    float orig = 0;
+    convert_to_f32(v.dtype, in + at * in_es, &orig, 1);
+    const std::string where = dir + ": tensor '" + src.hf_name + "' ";
+    if (std::isfinite(orig))
+      throw Error(where + "holds " + std::to_string(orig) + " at index " + index_str(v.shape, at) +
+                  ", which overflows " + std::string(dtype_name(dt)) + "; build with a wider --dtype");
+    throw Error(where + "holds a non-finite value (" + std::string(std::isnan(orig) ? "NaN" : orig > 0 ? "inf" : "-inf") +
+                ") at index " + index_str(v.shape, at) + "; the checkpoint is damaged and cannot run");
   }
 }
 
 // Concatenates tensors along rows (the first axis) into one [sum rows, cols] weight (one part: a copy).
-HostTensor stack_rows(const std::vector<TensorView>& parts, DType dt) {
+HostTensor stack_rows(const std::vector<Source>& parts, DType dt, const std::string& dir) {
   int64_t rows = 0;
-  for (auto& p : parts) rows += p.shape[0];
-  Shape shape = parts[0].shape;
+  for (auto& p : parts) rows += p.view.shape[0];
+  Shape shape = parts[0].view.shape;
   shape[0] = rows;
   HostTensor out(dt, shape);
   size_t at = 0;
   for (auto& p : parts) {
-    convert_into(p, dt, out, at);
-    at += size_t(p.numel());
+    convert_into(p, dt, out, at, dir);
+    at += size_t(p.view.numel());
   }
   return out;
 }
 
-DType default_dtype(const ModelSpec& s, const Checkpoint& ck, const std::string& any_tensor) {
-  if (s.torch_dtype == "float32") return DType::F32;
-  if (s.torch_dtype == "float16") return DType::F16;
-  if (s.torch_dtype == "bfloat16") return DType::BF16;
-  return ck.get(any_tensor).dtype;
+// Tensors some checkpoints carry that no model reads: the rotary inverse frequencies older
+// transformers saved as a buffer (recomputed from config.json, as transformers does on load).
+bool is_derived_buffer(const std::string& name) {
+  const std::string tail = "rotary_emb.inv_freq";
+  return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Checkpoint tensors the config's model does not use: refused when they could change what the model
+// computes (extra layers, biases the config turns off, ...), a warning when they cannot.
+void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoint& ck, const WeightTable& table,
+                  const std::function<void(const std::string&)>& warn) {
+  std::set<std::string> used;
+  std::string embedding;
+  for (const WeightSpec& w : table.entries()) {
+    for (const WeightSource& src : w.sources) used.insert(src.hf_name);
+    if (w.name == "tok_embeddings") embedding = w.sources.front().hf_name;
+  }
+  std::vector<std::string> unused;
+  int64_t derived = 0;
+  int64_t max_layer = -1;  // the highest layer index among the unused tensors
+  for (const std::string& n : ck.names()) {
+    if (used.count(n)) continue;
+    if (is_derived_buffer(n)) {
+      ++derived;
+      continue;
+    }
+    if (n == "lm_head.weight" && spec.tie_embeddings) {
+      // transformers ties the output layer to the embedding after loading, so the embedding is what
+      // runs; a copy identical to it is what tied checkpoints often carry and is not worth a word.
+      const TensorEntry& lm = ck.get(n);
+      const TensorEntry& emb = ck.get(embedding);
+      if (lm.dtype != emb.dtype || lm.shape != emb.shape || std::memcmp(lm.data, emb.data, lm.nbytes) != 0)
+        warn(dir + ": tensor 'lm_head.weight' differs from the embedding but tie_word_embeddings is true, so it is "
+                   "ignored and the embedding is the output layer (as in transformers)");
+      continue;
+    }
+    unused.push_back(n);
+    const std::string prefix = "model.layers.";
+    if (n.compare(0, prefix.size(), prefix) == 0) {
+      const size_t end = n.find('.', prefix.size());
+      const std::string idx = n.substr(prefix.size(), end == std::string::npos ? std::string::npos : end - prefix.size());
+      if (!idx.empty() && idx.size() < 10 && idx.find_first_not_of("0123456789") == std::string::npos)
+        max_layer = std::max(max_layer, int64_t(std::stoll(idx)));
+    }
+  }
+  if (derived > 0)
+    warn(dir + ": " + std::to_string(derived) +
+         " tensor(s) named '*rotary_emb.inv_freq' are ignored (recomputed from config.json's rope settings)");
+  if (unused.empty()) return;
+  std::string list;
+  const size_t shown = std::min<size_t>(unused.size(), 5);
+  for (size_t i = 0; i < shown; ++i) list += (i ? ", " : "") + unused[i];
+  if (unused.size() > shown) list += " and " + std::to_string(unused.size() - shown) + " more";
+  std::string hint;
+  if (max_layer >= spec.layers)
+    hint = "; the checkpoint has layers up to model.layers." + std::to_string(max_layer) +
+           " but num_hidden_layers is " + std::to_string(spec.layers);
+  throw Error(dir + ": config.json and the checkpoint disagree: " + std::to_string(unused.size()) +
+              " checkpoint tensor(s) are not used by the " + spec.family + " model the config describes: " + list +
+              hint);
 }
 
 }  // namespace
@@ -72,11 +186,12 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   const WeightTable table = weight_table(spec);
   Checkpoint ck(dir);
 
-  // Every source tensor present with its shape and a floating dtype, before any conversion work.
-  std::vector<std::vector<TensorView>> parts;  // [table entries][sources]
+  // Every source tensor present with its shape and a floating dtype, and none left over, before any
+  // conversion work.
+  std::vector<std::vector<Source>> parts;  // [table entries][sources]
   uint64_t total = 0, done = 0;
   for (const WeightSpec& w : table.entries()) {
-    std::vector<TensorView>& views = parts.emplace_back();
+    std::vector<Source>& sources = parts.emplace_back();
     for (const WeightSource& src : w.sources) {
       const TensorEntry& e = ck.get(src.hf_name);
       if (e.shape != src.shape)
@@ -85,21 +200,32 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
       if (e.dtype != DType::F32 && e.dtype != DType::F16 && e.dtype != DType::BF16)
         throw Error(dir + ": tensor '" + src.hf_name + "' has dtype " + std::string(dtype_name(e.dtype)) +
                     ", expected a floating type (F32, F16, BF16)");
-      views.push_back(e.view());
-      total += views.back().nbytes();
+      sources.push_back(Source{e.view(), src.hf_name});
+      total += sources.back().view.nbytes();
     }
   }
+  check_unused(dir, spec, ck, table, o.warn ? o.warn : [](const std::string& line) {
+    std::fprintf(stderr, "warning: %s\n", line.c_str());
+  });
 
   Engine eng;
   eng.spec = spec;
-  eng.weight_dtype = o.dtype ? *o.dtype : default_dtype(spec, ck, table.entries().front().sources.front().hf_name);
+  eng.weight_dtype = build_dtype(dir, spec, o.dtype);
   for (size_t i = 0; i < parts.size(); ++i) {
-    eng.weights.emplace(table.entries()[i].name, stack_rows(parts[i], eng.weight_dtype));
-    for (const TensorView& p : parts[i]) done += p.nbytes();
+    eng.weights.emplace(table.entries()[i].name, stack_rows(parts[i], eng.weight_dtype, dir));
+    for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
   }
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(eng.weight_dtype))}};
   return eng;
+}
+
+DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<DType> requested) {
+  if (requested) return *requested;
+  if (spec.torch_dtype == "float32") return DType::F32;
+  if (spec.torch_dtype == "float16") return DType::F16;
+  if (spec.torch_dtype == "bfloat16") return DType::BF16;
+  return Checkpoint(dir).get(weight_table(spec).entries().front().sources.front().hf_name).dtype;
 }
 
 Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed) {

@@ -19,6 +19,9 @@ struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Called with checkpoint bytes converted so far and in all (for a progress bar).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model
+  // does not use but that cannot change its output); unset: printed to stderr as "warning: ...".
+  std::function<void(const std::string& line)> warn;
 };
 
 struct Engine {
@@ -37,10 +40,16 @@ struct Engine {
   size_t weight_bytes() const;
 };
 
-// Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine: every
-// checkpoint tensor of the weight table is checked (presence, shape, floating dtype) before any
-// conversion, then converted to the engine dtype and stacked into its runtime weight.
+// Reads DIR (config.json, generation_config.json, safetensors) and transforms it into an Engine by the
+// family's weight table. Refuses, naming the tensors, a checkpoint that does not match its config: a
+// tensor missing or of another shape or dtype (all checked before any conversion), or tensors the
+// config's model would not use (e.g. layers beyond num_hidden_layers); and any NaN or infinite weight
+// (also one that overflows the engine dtype), found while converting and stacking into the runtime
+// weights.
 Engine build_engine(const std::string& checkpoint_dir, const BuildOptions& options = {});
+// The weight dtype build_engine gives the checkpoint folder `dir` (spec read from it): `requested`,
+// else config.json's torch_dtype, else the dtype of the checkpoint's first weight.
+DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<DType> requested);
 // An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
 // of real shapes without a checkpoint.
 Engine random_engine(const ModelSpec& spec, DType dtype, uint64_t seed = 0);

@@ -14,11 +14,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <set>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/mapped_file.h"
 #include "io/safetensors.h"
 #include "models/family.h"
@@ -93,13 +93,11 @@ uint64_t hash_chunked(const uint8_t* p, uint64_t n, Tick&& tick) {
   return h;
 }
 
+// Absent is fine (the file is optional); present but unreadable (e.g. a directory) is an error.
 std::optional<std::string> read_text_file(const fs::path& p) {
-  if (!fs::is_regular_file(p)) return std::nullopt;
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot open");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(p.string() + ": read failed");
-  return s;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) return std::nullopt;
+  return read_file(p.string());
 }
 
 json parse_json_text(const std::string& text, const std::string& where) {
@@ -292,9 +290,7 @@ std::pair<int, int> min_cuda_capability(DType dt) { return dt == DType::BF16 ? s
 // ---------------------------------------------------------------------------------------------
 // Building
 
-CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& progress) {
-  CheckpointExtras x;
-  x.dir = dir;
+std::vector<std::string> checkpoint_files(const std::string& dir) {
   const fs::path d(dir);
   std::set<std::string> names = {"config.json"};
   for (const char* n : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -304,6 +300,15 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
     Checkpoint ck(dir);
     for (const std::string& f : ck.files()) names.insert(fs::path(f).filename().string());
   }
+  std::vector<std::string> out;
+  for (const std::string& n : names) out.push_back((d / n).string());
+  return out;
+}
+
+CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& progress) {
+  CheckpointExtras x;
+  x.dir = dir;
+  const fs::path d(dir);
 
   x.tokenizer_json = read_text_file(d / "tokenizer.json");
   x.tokenizer_config_json = read_text_file(d / "tokenizer_config.json");
@@ -334,8 +339,8 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
 
   std::vector<std::pair<std::string, std::unique_ptr<MappedFile>>> maps;
   uint64_t total = 0, done = 0;
-  for (const std::string& n : names) {
-    maps.emplace_back(n, std::make_unique<MappedFile>((d / n).string()));
+  for (const std::string& path : checkpoint_files(dir)) {
+    maps.emplace_back(fs::path(path).filename().string(), std::make_unique<MappedFile>(path));
     total += maps.back().second->size();
   }
   for (auto& [n, m] : maps) {
@@ -368,7 +373,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   if (!parse_weight_dtype(std::string(dtype_name(eng.weight_dtype)), wdt))
     throw Error(where + "weight dtype " + std::string(dtype_name(eng.weight_dtype)) + " cannot be stored in an engine");
   CacheBounds bounds = info.bounds;
-  if (!bounds.capacity) bounds.capacity = default_capacity(s);
+  if (!bounds.capacity) bounds.capacity = s.max_position;  // `ingot build` passes its own default
   check_bounds(where, bounds.max_batch, bounds.capacity);
   if (info.tp_world_size < 1 || info.tp_rank < 0 || info.tp_rank >= info.tp_world_size)
     throw Error(where + "tensor-parallel rank " + std::to_string(info.tp_rank) + " of world size " +
@@ -455,39 +460,25 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   put_u64(header + 32, data_offset);
   put_u64(header + 40, file_bytes);
 
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  try {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(tmp + ": cannot create file");
-    static const char zeros[kEngineAlignment] = {};
-    out.write(reinterpret_cast<const char*>(header), kEngineHeaderBytes);
-    out.write(text.data(), std::streamsize(text.size()));
-    uint64_t pos = kEngineHeaderBytes + text.size();
-    uint64_t done = 0;
-    for (size_t i = 0; i < order.size(); ++i) {
-      out.write(zeros, std::streamsize(offsets[i] - pos));
-      const HostTensor& t = *order[i].second;
-      const char* p = static_cast<const char*>(t.data());
-      for (uint64_t at = 0; at < t.nbytes(); at += kHashChunk) {
-        const uint64_t c = std::min<uint64_t>(kHashChunk, t.nbytes() - at);
-        out.write(p + at, std::streamsize(c));
-        done += c;
-        if (progress) progress(done, total);
-      }
-      pos = offsets[i] + t.nbytes();
+  OutputFile out(path);
+  static const char zeros[kEngineAlignment] = {};
+  out.write(header, kEngineHeaderBytes);
+  out.write(text.data(), text.size());
+  uint64_t pos = kEngineHeaderBytes + text.size();
+  uint64_t done = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    out.write(zeros, size_t(offsets[i] - pos));
+    const HostTensor& t = *order[i].second;
+    const char* p = static_cast<const char*>(t.data());
+    for (uint64_t at = 0; at < t.nbytes(); at += kHashChunk) {
+      const uint64_t c = std::min<uint64_t>(kHashChunk, t.nbytes() - at);
+      out.write(p + at, size_t(c));
+      done += c;
+      if (progress) progress(done, total);
     }
-    out.flush();
-    if (!out) throw Error(tmp + ": write failed (disk full?)");
-    out.close();
-    if (!out) throw Error(tmp + ": write failed (disk full?)");
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) throw Error(path + ": cannot move the finished file into place: " + ec.message());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
+    pos = offsets[i] + t.nbytes();
   }
+  out.commit();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -47,11 +47,15 @@ struct CheckpointExtras {
   nlohmann::json generation_defaults = nlohmann::json::object();  // generation_config.json
 };
 
+// The paths of the files a build reads from the checkpoint folder: config, generation config,
+// tokenizer files, chat template, index and weight shards.
+std::vector<std::string> checkpoint_files(const std::string& dir);
+
 // Reads and hashes the checkpoint folder's files (progress over the bytes hashed).
 CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& progress = {});
 
 struct EngineBuildInfo {
-  // Bounds the engine is built for; capacity 0 means default_capacity(spec).
+  // Bounds the engine is built for; capacity 0 means the model's max_position.
   CacheBounds bounds;
   std::optional<DType> requested_dtype;  // as given to the build (recorded; the Engine's dtype is what counts)
   CheckpointExtras source;               // may be empty (engines not built from a folder)

@@ -4,10 +4,10 @@
 #include "io/model_config.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "models/config_fields.h"
 #include "models/family.h"
 
@@ -16,6 +16,23 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Upper bounds of config.json's sizes. Each is far above every published dense model (the largest,
+// Llama 3.1 405B, has 126 layers, 128 heads, hidden 16384, intermediate 53248; head_dim reaches 256
+// and vocabularies 262144 elsewhere; contexts reach 10M positions) and far below what overflows the
+// int32 token ids, positions and per-row offsets the kernels use. A value beyond one is a corrupt or
+// mistyped config, refused before anything is sized by it.
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHidden = 65536;
+constexpr int64_t kMaxIntermediate = 262144;
+constexpr int64_t kMaxHeadDim = 1024;
+// The sample op sums 2^40-scaled weights over the vocabulary in 64 bits: it needs vocab < 2^24.
+constexpr int64_t kMaxVocab = int64_t(1) << 22;
+constexpr int64_t kMaxPositions = int64_t(1) << 26;
+// The whole model: 2^40 parameters (2 TB in 16-bit) is past any host or card; the separate bounds
+// above still allow products that large, so the total is checked on its own.
+constexpr double kMaxParameters = double(int64_t(1) << 40);
 
 std::vector<int64_t> token_ids(const json& v, const std::string& where) {
   std::vector<int64_t> out;
@@ -56,6 +73,12 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
     if (!p.has(k)) throw Error(p.where(k) + " is required for rope_type '" + type + "'");
     return p.number_or(k, 0.0);
   };
+  auto positions = [&](double v) {
+    if (!(v >= 1 && v <= double(kMaxPositions)))
+      throw Error(p.where("original_max_position_embeddings") + " must be in [1, " + std::to_string(kMaxPositions) +
+                  "], got " + std::to_string(v));
+    return int64_t(v);
+  };
   if (type == "default") {
   } else if (type == "linear") {
     r.factor = need("factor");
@@ -63,10 +86,10 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
     r.factor = need("factor");
     r.low_freq_factor = need("low_freq_factor");
     r.high_freq_factor = need("high_freq_factor");
-    r.original_max_position = int64_t(need("original_max_position_embeddings"));
+    r.original_max_position = positions(need("original_max_position_embeddings"));
   } else if (type == "yarn") {
     r.factor = need("factor");
-    r.original_max_position = int64_t(p.number_or("original_max_position_embeddings", double(spec.max_position)));
+    r.original_max_position = positions(p.number_or("original_max_position_embeddings", double(spec.max_position)));
     if (p.has("attention_factor")) r.attention_factor = p.number_or("attention_factor", 1.0);
     if (p.has("mscale")) r.mscale = p.number_or("mscale", 0.0);
     if (p.has("mscale_all_dim")) r.mscale_all_dim = p.number_or("mscale_all_dim", 0.0);
@@ -76,6 +99,8 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
   } else {
     throw Error(src + ": rope_type '" + type + "' is not supported (supported: default, linear, llama3, yarn)");
   }
+  if (type == "llama3" && !(r.high_freq_factor > r.low_freq_factor))
+    throw Error(src + ": rope high_freq_factor must be above low_freq_factor (the smoothing divides by their difference)");
   if (r.theta <= 0) throw Error(src + ": rope_theta must be positive");
   if (r.factor <= 0) throw Error(src + ": rope factor must be positive");
   if (r.partial_rotary_factor <= 0 || r.partial_rotary_factor > 1)
@@ -91,31 +116,51 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
   if (!f.has("model_type") || !cfg["model_type"].is_string()) throw Error(f.where("model_type") + " is missing");
   s.family = cfg["model_type"];
   const Family& family = find_family(s.family, src);
-  s.vocab = f.positive_int("vocab_size");
-  s.hidden = f.positive_int("hidden_size");
-  s.intermediate = f.positive_int("intermediate_size");
-  s.layers = f.positive_int("num_hidden_layers");
-  s.heads = f.positive_int("num_attention_heads");
-  s.kv_heads = f.positive_int_or("num_key_value_heads", s.heads);
+  s.vocab = f.positive_int("vocab_size", kMaxVocab);
+  s.hidden = f.positive_int("hidden_size", kMaxHidden);
+  s.intermediate = f.positive_int("intermediate_size", kMaxIntermediate);
+  s.layers = f.positive_int("num_hidden_layers", kMaxLayers);
+  s.heads = f.positive_int("num_attention_heads", kMaxHeads);
+  s.kv_heads = f.positive_int_or("num_key_value_heads", s.heads, kMaxHeads);
   if (s.heads % s.kv_heads != 0)
     throw Error(src + ": num_attention_heads " + std::to_string(s.heads) + " is not a multiple of num_key_value_heads " +
                 std::to_string(s.kv_heads));
   if (f.has("head_dim")) {
-    s.head_dim = f.positive_int("head_dim");
+    s.head_dim = f.positive_int("head_dim", kMaxHeadDim);
   } else if (family.default_head_dim > 0) {
     s.head_dim = family.default_head_dim;
   } else {
     if (s.hidden % s.heads != 0) throw Error(src + ": head_dim is missing and hidden_size is not divisible by heads");
     s.head_dim = s.hidden / s.heads;
   }
-  s.max_position = f.positive_int_or("max_position_embeddings", 2048);
+  s.max_position = f.positive_int_or("max_position_embeddings", 2048, kMaxPositions);
   s.rms_eps = f.number_or("rms_norm_eps", 1e-6);
+  if (!(s.rms_eps > 0))
+    throw Error(f.where("rms_norm_eps") + " must be positive, got " + cfg["rms_norm_eps"].dump() +
+                " (the norm divides by sqrt(mean(x^2) + eps))");
+  // transformers maps both names to the same function (nn.SiLU); the MLP kernels compute only it.
+  if (f.has("hidden_act")) {
+    if (!cfg["hidden_act"].is_string()) throw Error(f.where("hidden_act") + " must be a string");
+    const std::string act = cfg["hidden_act"];
+    if (act != "silu" && act != "swish")
+      throw Error(f.where("hidden_act") + " is '" + act + "', which is not supported (supported: silu, swish)");
+  }
   s.tie_embeddings = f.bool_or("tie_word_embeddings", false);  // false in all three config classes
   if (f.has("torch_dtype") && cfg["torch_dtype"].is_string()) s.torch_dtype = cfg["torch_dtype"];
   if (f.has("dtype") && cfg["dtype"].is_string()) s.torch_dtype = cfg["dtype"];
   if (f.bool_or("mlp_bias", false)) throw Error(src + ": mlp_bias true is not supported");
 
   s.qkv_bias = s.o_bias = f.bool_or("attention_bias", false);  // a family may rule otherwise
+
+  const double params = double(s.vocab) * double(s.hidden) * (s.tie_embeddings ? 1 : 2) +
+                        double(s.layers) * (double(s.hidden) * double(s.q_dim() + 2 * s.kv_dim() + s.q_dim()) +
+                                            3.0 * double(s.hidden) * double(s.intermediate));
+  if (params > kMaxParameters)
+    throw Error(src + ": the sizes describe a model of " + std::to_string(int64_t(params / 1e9)) +
+                " billion parameters, above the limit of " + std::to_string(int64_t(kMaxParameters / 1e9)) +
+                " billion (vocab_size " + std::to_string(s.vocab) + ", hidden_size " + std::to_string(s.hidden) +
+                ", intermediate_size " + std::to_string(s.intermediate) + ", num_hidden_layers " +
+                std::to_string(s.layers) + ")");
 
   parse_rope(cfg, src, s);
   if (s.rope_dim() % 2 != 0 || s.rope_dim() > s.head_dim) throw Error(src + ": rotary dimension must be even and <= head_dim");
@@ -131,10 +176,9 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
 
 namespace {
 json read_json_file(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw Error(p.string() + ": cannot open");
+  const std::string text = read_file(p.string());
   try {
-    return json::parse(in);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(p.string() + ": not valid JSON: " + e.what());
   }

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace ingot {
 namespace fs = std::filesystem;
@@ -135,15 +135,14 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h += ' ';  // keep the data block 8-byte aligned, as the reference writer does
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw Error(path + ": cannot create file");
+  OutputFile out(path);
   uint64_t n = h.size();
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
   out.write(len, 8);
-  out.write(h.data(), std::streamsize(h.size()));
-  for (auto& [name, v] : tensors) out.write(static_cast<const char*>(v.data), std::streamsize(v.nbytes()));
-  if (!out) throw Error(path + ": write failed");
+  out.write(h.data(), h.size());
+  for (auto& [name, v] : tensors) out.write(v.data, v.nbytes());
+  out.commit();
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
@@ -152,9 +151,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index_path)) {
     json idx;
+    const std::string text = read_file(index_path.string());
     try {
-      std::ifstream in(index_path);
-      idx = json::parse(in);
+      idx = json::parse(text);
     } catch (const json::exception& e) {
       throw Error(index_path.string() + ": not valid JSON: " + e.what());
     }

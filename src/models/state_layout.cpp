@@ -1,5 +1,7 @@
 #include "models/state_layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ingot {
@@ -12,7 +14,7 @@ CacheLayout parse_layout(const std::string& s) {
   throw Error("unknown cache layout '" + s + "' (expected heads_first or flattened)");
 }
 
-int64_t default_capacity(const ModelSpec& spec) { return spec.max_position; }
+int64_t default_capacity(const ModelSpec& spec) { return std::max<int64_t>(1, std::min(spec.max_position, kDefaultCapacity)); }
 
 KvShape kv_shape(const ModelSpec& s, const CacheBounds& b) {
   KvShape k;

@@ -24,6 +24,11 @@ CacheLayout parse_layout(const std::string& s);  // Error unless heads_first or 
 inline constexpr int kMaxBatch = 1 << 20;
 inline constexpr int64_t kMaxCapacity = int64_t(1) << 30;
 
+// Cache slots a run gets when it names none, and the capacity `ingot build` stores by default: long
+// enough for a conversation, while max_position_embeddings (40960 for Qwen3, 131072 for Llama 3.1)
+// would cost gigabytes of cache per row that a short request never touches.
+inline constexpr int64_t kDefaultCapacity = 4096;
+
 // What a Model's state is allocated for, and what an engine file is built for.
 struct CacheBounds {
   int max_batch = 1;     // cache rows
@@ -31,7 +36,7 @@ struct CacheBounds {
   CacheLayout layout = CacheLayout::HeadsFirst;
 };
 
-// The capacity of bounds that name none: the model's max_position_embeddings.
+// The capacity of bounds that name none: min(kDefaultCapacity, max_position_embeddings).
 int64_t default_capacity(const ModelSpec& spec);
 
 // One attention layer's K buffer (its V buffer is the same), for a spec and bounds with the capacity

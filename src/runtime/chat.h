@@ -1,7 +1,9 @@
-// Chat prompts: the model's chat template rendered over messages the way transformers'
-// apply_chat_template does (tools/documents defined as null when absent, enable_thinking only when set,
-// bos/eos token strings from the tokenizer), then tokenized without adding special tokens.
+// Chat prompts: a chat template rendered over messages the way transformers' apply_chat_template does
+// (tools/documents defined as null when absent, enable_thinking only when set, bos/eos token strings
+// from the tokenizer), then tokenized without adding special tokens. The template is the model's own
+// or a file that replaces it (`--chat-template FILE`).
 #pragma once
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -11,13 +13,42 @@
 
 namespace ingot {
 
+namespace tmpl {
+class ChatTemplate;
+}
+
 struct ChatOptions {
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;
   nlohmann::ordered_json tools;  // null or a list of tool definitions
 };
 
-// Throws Error when the tokenizer has no chat template or the template fails (the message names the line).
+// A chat template parsed once, ready to render any number of conversations. Copies share it.
+class ChatFormat {
+ public:
+  // The tokenizer's template; `source` (the model's folder or engine file) names it in messages.
+  // Throws Error when there is none, naming the fix (--chat-template FILE), or when it does not parse
+  // (naming the line).
+  static ChatFormat from_tokenizer(const tok::Tokenizer& tokenizer, const std::string& source);
+  // The text of the file at `path`, in place of the model's template. Throws Error naming the file
+  // when it is missing, a directory, unreadable, empty or does not parse (with the template's line).
+  static ChatFormat from_file(const std::string& path);
+
+  // Throws Error when the messages are not a list or the template fails (the message names the line).
+  std::string render(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                     const ChatOptions& o) const;
+  std::vector<int32_t> ids(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                           const ChatOptions& o) const {
+    return tokenizer.encode(render(tokenizer, messages, o), false);
+  }
+
+ private:
+  ChatFormat(std::shared_ptr<const tmpl::ChatTemplate> t, std::string source);
+  std::shared_ptr<const tmpl::ChatTemplate> t_;
+  std::string source_;  // where the template came from, for render errors
+};
+
+// Renders with the tokenizer's own template (ChatFormat::from_tokenizer's errors).
 std::string render_chat(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages, const ChatOptions& o);
 
 inline std::vector<int32_t> chat_ids(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages,

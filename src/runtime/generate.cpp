@@ -2,16 +2,15 @@
 
 #include <algorithm>
 
-#include "core/error.h"
+#include "backend/sampling.h"
 
 namespace ingot {
 
-namespace {
-int32_t argmax_row(const HostTensor& logits, int64_t r) {
-  const float* l = logits.as<float>() + r * logits.shape()[1];
-  return int32_t(std::max_element(l, l + logits.shape()[1]) - l);
+Error non_finite_logits(int step) {
+  return Error("non-finite logits (NaN or infinity) at decode step " + std::to_string(step) +
+               ": the model's activations overflow or its weights are broken, so no token can be picked; "
+               "generation stopped");
 }
-}  // namespace
 
 void check_fits(const Model& m, int64_t prompt_len, int max_new_tokens) {
   if (prompt_len < 1) throw Error("generate: the prompt is empty");
@@ -31,15 +30,21 @@ HostTensor prefill_row(Model& m, int row, std::span<const int32_t> tokens, int64
   return logits;
 }
 
-std::vector<int32_t> generate_greedy(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                                     const TokenCallback& on_token) {
+std::vector<int32_t> generate_ids(Model& m, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                  const TokenCallback& on_token) {
   check_fits(m, int64_t(prompt.size()), o.max_new_tokens);
-  m.set_sampling(o.row, SamplingParams{});  // the row may have been left sampling by an earlier request
-  HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
+  Sampler sampler(o.sampling);
+  const HostTensor logits = prefill_row(m, o.row, prompt, 0, o.prefill_chunk);
+  std::vector<int32_t> history = prompt;
+  int32_t tok = o.sampling.greedy() ? sampling::argmax_row(logits.as<float>(), m.spec().vocab)
+                                    : sampler.pick(logits.as<float>(), m.spec().vocab, history);
+  // Set even when greedy: the row may have been left sampling by an earlier request.
+  if (tok != sampling::kNoToken) history.push_back(tok);
+  m.set_sampling(o.row, o.sampling, history, sampler.draws());
   std::vector<int32_t> out;
   int64_t pos = int64_t(prompt.size());
-  int32_t tok = argmax_row(logits, 0);
   for (int step = 0;; ++step) {
+    if (tok == sampling::kNoToken) throw non_finite_logits(step);
     out.push_back(tok);
     if (on_token) on_token(step, step == 0, tok);
     if (int(out.size()) >= o.max_new_tokens) break;

@@ -14,15 +14,25 @@ struct Model::Prepared {
   int rows = 0;
 };
 
+namespace {
+// The plan of a Model over these options, refused (Error with both figures) when the backend's free
+// memory cannot hold it: checked while initialising, before the state or anything else is allocated.
+MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions& options) {
+  MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory());
+  check_fits(plan, be.available_memory_bytes(), be.host_memory() ? "host memory" : be.name() + " device memory");
+  return plan;
+}
+}  // namespace
+
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
-    : engine_(engine), be_(be), spec_(engine.spec), family_(find_family(engine.spec.family)),
-      state_(be, spec_, options), opt_(options) {
+    : engine_(engine),
+      be_(be),
+      spec_(engine.spec),
+      family_(find_family(engine.spec.family)),
+      plan_(checked_plan(engine, be, options)),
+      state_(be, spec_, plan_.options),
+      opt_(plan_.options) {
   const ModelSpec& s = spec_;
-  static_cast<CacheBounds&>(opt_) = state_.bounds();  // the capacity's default resolved
-  if (opt_.max_tokens == 0) opt_.max_tokens = std::min<int64_t>(int64_t(opt_.max_batch) * opt_.capacity, 4096);
-  if (opt_.max_logit_rows == 0) opt_.max_logit_rows = std::max<int64_t>(opt_.max_batch, 64);
-  const DType adt = be_.activation_dtype();
-  const size_t as = dtype_size(adt);
 
   // Weights: in place when the backend reads host memory, otherwise copied over once.
   for (auto& [name, t] : engine_.weights) {
@@ -40,32 +50,32 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   }
   weights_ = bind_weights(s, family_.weights(s), w_);
 
-  const size_t T = size_t(opt_.max_tokens), L = size_t(opt_.max_logit_rows);
+  const WorkspacePlan& w = plan_.ws;
   auto ws = [&](Buffer& b, size_t bytes) {
     b = Buffer(be_, bytes);
     workspace_bytes_ += bytes;
   };
-  ws(x_, T * size_t(s.hidden) * as);
-  ws(h_, T * size_t(s.hidden) * as);
-  ws(delta_, T * size_t(s.hidden) * as);
-  ws(qkv_, T * size_t(s.q_dim() + 2 * s.kv_dim()) * as);
-  ws(attn_, T * size_t(s.q_dim()) * as);
-  ws(gate_up_, T * size_t(2 * s.intermediate) * as);
-  ws(act_, T * size_t(s.intermediate) * as);
-  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, T * sizeof(int32_t));
-  ws(gathered_, L * size_t(s.hidden) * as);
-  ws(logits_, L * size_t(s.vocab) * as);
-  ws(next_tokens_, size_t(opt_.max_batch) * sizeof(int32_t));
-  ws(sample_params_, size_t(opt_.max_batch) * sizeof(SampleParams));
-  ws(sample_step_, size_t(opt_.max_batch) * sizeof(uint32_t));
-  ws(sample_seen_, size_t(opt_.max_batch) * size_t(s.vocab));
+  ws(x_, w.hidden);
+  ws(h_, w.hidden);
+  ws(delta_, w.hidden);
+  ws(qkv_, w.qkv);
+  ws(attn_, w.attn);
+  ws(gate_up_, w.gate_up);
+  ws(act_, w.act);
+  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, w.token_meta);
+  ws(gathered_, w.gathered);
+  ws(logits_, w.logits);
+  ws(next_tokens_, w.next_tokens);
+  ws(sample_params_, w.sample_params);
+  ws(sample_step_, w.sample_step);
+  ws(sample_seen_, w.sample_seen);
   row_sampling_.assign(size_t(opt_.max_batch), SamplingParams{});
   const std::vector<SampleParams> greedy(size_t(opt_.max_batch), SamplingParams{}.to_backend());
   be_.upload(sample_params_.get(), greedy.data(), greedy.size() * sizeof(SampleParams));
   be_.fill_zero(sample_step_.get(), sample_step_.size());
   be_.fill_zero(sample_seen_.get(), sample_seen_.size());
   std::vector<float> inv = rope_inv_freq(s);
-  ws(inv_freq_, std::max<size_t>(inv.size(), 1) * sizeof(float));
+  ws(inv_freq_, w.inv_freq);
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
   rope_scale_ = rope_attention_scale(s);
 }

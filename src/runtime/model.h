@@ -16,17 +16,11 @@
 #include "io/engine.h"
 #include "models/family.h"
 #include "models/layers.h"
+#include "runtime/memory_plan.h"
 #include "runtime/sampler.h"
 #include "runtime/state.h"
 
 namespace ingot {
-
-// The state's bounds (cache rows, slots, layout) and the workspace settings.
-struct RuntimeOptions : CacheBounds {
-  int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
-  int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
-  bool use_graphs = true;     // capture decode steps as graphs where the backend supports it
-};
 
 // One row of a forward call: a chunk of tokens for one cache row.
 struct BatchRow {
@@ -44,6 +38,8 @@ struct Batch {
 class Model {
  public:
   // The engine must outlive the model (backends that share host memory use its weights in place).
+  // Buffers are sized by plan_memory(options); the plan is checked against the backend's free memory
+  // before anything is allocated (Error with both figures when it does not fit).
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
   ~Model();
 
@@ -57,7 +53,8 @@ class Model {
   // (set_sampling; greedy until set). Rows, tokens and indices go into fixed buffers, and the sampling
   // state lives in fixed buffers too, so a graph captured once per (n, whether any row samples) serves
   // every step; only the n tokens come back. Greedy rows give forward()'s argmax; sampling rows give
-  // what a Sampler in the same state picks from forward()'s logits.
+  // what a Sampler in the same state picks from forward()'s logits. A row whose logits have a NaN or
+  // +inf, or none finite, gets -1 (sampling::kNoToken), which callers must not feed back.
   std::vector<int32_t> decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                               const std::vector<int64_t>& write_index);
 
@@ -75,6 +72,7 @@ class Model {
   int64_t max_tokens() const { return opt_.max_tokens; }
   size_t weight_bytes() const { return weight_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
+  const MemoryPlan& plan() const { return plan_; }
 
  private:
   struct Prepared;
@@ -87,8 +85,9 @@ class Model {
   Backend& be_;
   ModelSpec spec_;
   const Family& family_;
-  State state_;
-  RuntimeOptions opt_;  // every default resolved (the bounds as state_ resolved them)
+  MemoryPlan plan_;      // checked against the backend's free memory before anything is allocated
+  State state_;          // sized by the same function as plan_.cache
+  RuntimeOptions opt_;   // the plan's resolved options
   size_t weight_bytes_ = 0, workspace_bytes_ = 0;
 
   std::vector<Buffer> owned_;            // weight and workspace allocations

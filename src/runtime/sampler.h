@@ -31,7 +31,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : p_(p) { p.validate(); }
   // history: the tokens the repetition penalty applies to (prompt and generated so far); each distinct
-  // token counts once. Each call takes the next draw of the seed's stream.
+  // token counts once. Each call takes the next draw of the seed's stream. Returns -1
+  // (sampling::kNoToken) for logits without a pick (a NaN or +inf, or none finite), as the sample op.
   int32_t pick(const float* logits, int64_t vocab, const std::vector<int32_t>& history);
   uint32_t draws() const { return draws_; }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/sampling.h"
 #include "core/error.h"
 #include "runtime/generate.h"
 
@@ -49,6 +50,14 @@ class StopFilter {
 
 }  // namespace
 
+std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens) {
+  const int64_t positions = State::slots_needed(prompt_len, max_new_tokens);  // the last token is never fed back
+  if (positions <= max_position) return "";
+  return "the prompt (" + std::to_string(prompt_len) + " tokens) and up to " + std::to_string(max_new_tokens) +
+         " new tokens use " + std::to_string(positions) + " positions, more than the model's max_position_embeddings (" +
+         std::to_string(max_position) + "): text past position " + std::to_string(max_position) + " may degrade";
+}
+
 TextResult Session::generate(const TextRequest& req, const std::function<void(std::string_view)>& on_text,
                              const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
@@ -71,6 +80,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
   HostTensor logits = prefill_row(m_, row_, std::span<const int32_t>(req.prompt_ids).subspan(keep), int64_t(keep));
   cached_ = req.prompt_ids;
   int32_t tok = sampler.pick(logits.as<float>(), m_.spec().vocab, history);
+  if (tok == sampling::kNoToken) throw non_finite_logits(0);
   history.push_back(tok);
   m_.set_sampling(row_, req.sampling, history, sampler.draws());
   res.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -102,6 +112,7 @@ TextResult Session::generate(const TextRequest& req, const std::function<void(st
     const int64_t slot = int64_t(cached_.size());
     tok = m_.decode({row_}, {tok}, {slot})[0];  // one graph replay; only the token comes back
     cached_.push_back(res.ids.back());
+    if (tok == sampling::kNoToken) throw non_finite_logits(int(res.ids.size()));
   }
   if (res.stop_reason != "stop_string") {
     bool hit = false;

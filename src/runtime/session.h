@@ -33,6 +33,12 @@ struct TextResult {
   double decode_tok_s() const { return ids.size() > 1 && decode_s > 0 ? double(ids.size() - 1) / decode_s : 0; }
 };
 
+// The one-line warning for a request whose prompt and generated tokens run past the positions the model
+// was trained for (max_position_embeddings), or "" when they stay within. Such a request still runs
+// when the cache holds it, but its output may degrade: the command line warns, a server refuses it
+// (400) with this text.
+std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens);
+
 class Session {
  public:
   Session(Model& model, const tok::Tokenizer& tokenizer, int row = 0) : m_(model), tok_(tokenizer), row_(row) {}

@@ -4,25 +4,35 @@
 
 namespace ingot {
 
-namespace {
-CacheBounds resolved(const ModelSpec& spec, CacheBounds b) {
+CacheBounds State::resolve(const ModelSpec& spec, CacheBounds b) {
   if (b.max_batch < 1) throw Error("max batch must be at least 1, got " + std::to_string(b.max_batch));
+  if (b.max_batch > kMaxBatch)
+    throw Error("max batch " + std::to_string(b.max_batch) + " exceeds the limit of " + std::to_string(kMaxBatch) +
+                " cache rows");
   if (b.capacity == 0) b.capacity = default_capacity(spec);
-  if (b.capacity < 1) throw Error("capacity must be at least 1");
+  if (b.capacity < 1) throw Error("capacity must be at least 1, got " + std::to_string(b.capacity));
   if (b.capacity > kMaxCapacity) throw Error("capacity " + std::to_string(b.capacity) + " exceeds 2^30 slots");
   return b;
 }
-}  // namespace
 
-size_t State::bytes(const ModelSpec& spec, const CacheBounds& bounds, DType dtype) {
-  const size_t per_buffer = size_t(numel(kv_shape(spec, bounds).shape)) * dtype_size(dtype);
-  return per_buffer * 2 * size_t(spec.layers);  // K and V of every layer
+std::optional<size_t> State::bytes(const ModelSpec& spec, const CacheBounds& bounds, DType dtype) {
+  size_t n = dtype_size(dtype);
+  for (int64_t d : kv_shape(spec, bounds).shape)
+    if (d < 0 || __builtin_mul_overflow(n, size_t(d), &n)) return std::nullopt;
+  // K and V of every layer.
+  if (__builtin_mul_overflow(n, 2 * size_t(spec.layers), &n)) return std::nullopt;
+  return n;
 }
 
-State::State(Backend& be, const ModelSpec& spec, const CacheBounds& bounds) : be_(be), bounds_(resolved(spec, bounds)) {
+State::State(Backend& be, const ModelSpec& spec, const CacheBounds& bounds) : be_(be), bounds_(resolve(spec, bounds)) {
   const KvShape shape = kv_shape(spec, bounds_);
   const DType dt = be_.activation_dtype();
-  const size_t per_buffer = size_t(numel(shape.shape)) * dtype_size(dt);
+  const std::optional<size_t> total = bytes(spec, bounds_, dt);
+  if (!total)
+    throw Error("the KV cache for max batch " + std::to_string(bounds_.max_batch) + " x capacity " +
+                std::to_string(bounds_.capacity) + " of this model exceeds 2^64 bytes");
+  bytes_ = *total;
+  const size_t per_buffer = bytes_ / (2 * size_t(spec.layers));
   row_bytes_ = per_buffer / size_t(bounds_.max_batch);
   std::vector<KvLayerView> views;
   for (int64_t l = 0; l < spec.layers; ++l) {
@@ -41,7 +51,6 @@ State::State(Backend& be, const ModelSpec& spec, const CacheBounds& bounds) : be
     views.push_back(v);
   }
   view_ = StateView(std::move(views));
-  bytes_ = bytes(spec, bounds_, dt);
 }
 
 void State::check_chunk(const std::string& who, int64_t write_index, int64_t len) const {

@@ -13,6 +13,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,13 +25,16 @@ namespace ingot {
 
 class State {
  public:
-  // Allocates and zeroes the state in the backend's activation dtype (so rows never written read as
-  // zeros). Capacity 0 takes default_capacity(spec); Error, before allocating, for bounds out of range.
-  State(Backend& backend, const ModelSpec& spec, const CacheBounds& bounds);
+  // The bounds a State is made for: capacity 0 takes default_capacity(spec); Error naming the limit
+  // when the rows or slots are out of range.
+  static CacheBounds resolve(const ModelSpec& spec, CacheBounds bounds);
+  // Bytes the state of `spec` takes at resolved `bounds` in `dtype` (what the constructor allocates),
+  // or nullopt beyond 2^64: plans check this before anything is allocated.
+  static std::optional<size_t> bytes(const ModelSpec& spec, const CacheBounds& bounds, DType dtype);
 
-  // Bytes the state of `spec` takes at `bounds` (capacity resolved) in `dtype`: what the constructor
-  // allocates.
-  static size_t bytes(const ModelSpec& spec, const CacheBounds& bounds, DType dtype);
+  // Allocates and zeroes the state in the backend's activation dtype (so rows never written read as
+  // zeros); the bounds are resolved first.
+  State(Backend& backend, const ModelSpec& spec, const CacheBounds& bounds);
 
   const CacheBounds& bounds() const { return bounds_; }
   int max_batch() const { return bounds_.max_batch; }
@@ -45,6 +49,8 @@ class State {
   static int64_t slots_needed(int64_t prompt_len, int64_t max_new_tokens) {
     return prompt_len + std::max<int64_t>(max_new_tokens, 1) - 1;
   }
+  // The most new tokens a request of prompt_len tokens fits in one row (below 1: none).
+  int64_t max_new_tokens(int64_t prompt_len) const { return bounds_.capacity - prompt_len + 1; }
   // Error (prefixed by `who`) unless the chunk fits its row.
   void check_chunk(const std::string& who, int64_t write_index, int64_t len) const;
   // Error unless a request of prompt_len tokens and max_new_tokens new ones fits one row.
@@ -57,9 +63,9 @@ class State {
 
  private:
   Backend& be_;
-  CacheBounds bounds_;  // capacity resolved
+  CacheBounds bounds_;    // resolved
   size_t row_bytes_ = 0;  // one row of one K (or V) buffer
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;      // all buffers
   std::vector<Buffer> k_, v_;  // [layers], each kv_shape(spec, bounds_)
   StateView view_;
 };

@@ -6,10 +6,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "tokenizer/components.h"
 
 namespace ingot::tok {
@@ -96,18 +95,6 @@ struct AddedToken {
   int32_t id = 0;
   bool single_word = false, lstrip = false, rstrip = false, normalized = false, special = false;
 };
-
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw Error(path + ": file not found (or not a regular file)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(path + ": read error");
-  return ss.str();
-}
 
 json parse_json(std::string_view text, const std::string& path) {
   try {

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/sampling.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace ingot {
 namespace {
@@ -89,6 +90,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType activation_dtype() const override { return DType::F32; }
   bool host_memory() const override { return true; }
+  std::optional<size_t> available_memory_bytes() const override { return host_available_bytes(); }
 
   void* alloc(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -266,10 +268,7 @@ class CpuBackend final : public Backend {
 
   void argmax(const Mat& logits, int32_t* out) override {
     require_f32(logits, "argmax");
-    for (int64_t r = 0; r < logits.rows; ++r) {
-      const float* l = frow(logits, r);
-      out[r] = int32_t(std::max_element(l, l + logits.cols) - l);
-    }
+    for (int64_t r = 0; r < logits.rows; ++r) out[r] = sampling::argmax_row(frow(logits, r), logits.cols);
   }
 
   void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
@@ -281,7 +280,7 @@ class CpuBackend final : public Backend {
       uint8_t* seen = st.seen ? st.seen + sr * st.seen_ld : nullptr;
       const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, st.step[sr]);
       out[r] = t;
-      if (seen) seen[t] = 1;
+      if (seen && t != sampling::kNoToken) seen[t] = 1;
       ++st.step[sr];
     }
   }
@@ -304,10 +303,14 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   thread_local std::vector<float> s;
   s.resize(size_t(V));
   uint64_t best = 0;
+  bool poisoned = false, any_finite = false;
   for (int64_t i = 0; i < V; ++i) {
+    poisoned |= poisons_row(logits[i]);
+    any_finite |= is_finite(logits[i]);
     s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
     best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
   }
+  if (poisoned || !any_finite) return kNoToken;
   const int32_t top = composite_id(best);
   if (!(p.temperature > 0.0f)) return top;
 
@@ -361,6 +364,16 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
 
 }  // namespace sampling
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  // Threads beyond the hardware's only time-slice the same cores (every kernel is compute or memory
+  // bound), and each costs a stack: 4x the hardware threads leaves room for experiments, while a
+  // figure like 100000 would only exhaust the process before any work.
+  const int hw = std::max(1, omp_get_num_procs());
+  if (threads < 0) throw Error("CPU threads must be 0 (all cores) or positive, got " + std::to_string(threads));
+  if (threads > 4 * hw)
+    throw Error("CPU threads " + std::to_string(threads) + " exceed the limit of " + std::to_string(4 * hw) +
+                " (4 x this machine's " + std::to_string(hw) + " hardware threads)");
+  return std::make_unique<CpuBackend>(threads);
+}
 
 }  // namespace ingot

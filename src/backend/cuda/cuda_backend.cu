@@ -253,6 +253,14 @@ class CudaBackend final : public Backend {
     cudaFree(p);
   }
   size_t peak_memory_bytes() const override { return peak_; }
+  std::optional<size_t> available_memory_bytes() const override {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    return free_b;
+  }
 
   void upload(void* dst, const void* src, size_t n) override {
     if (n == 0) return;

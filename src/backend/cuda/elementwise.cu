@@ -3,6 +3,7 @@
 #include <cfloat>
 
 #include "backend/cuda/vec.cuh"
+#include "backend/sampling.h"
 
 namespace ingot::cuda {
 namespace {
@@ -126,7 +127,9 @@ __device__ __forceinline__ void block_best(float& bv, int& bi) {
 }
 
 // Grid (rows, chunks): each block finds its chunk's best, the last block of a row to finish picks the
-// best chunk (chunks in order, so ties still go to the lowest index).
+// best chunk (chunks in order, so ties still go to the lowest index). A chunk holding a NaN or +inf
+// reports index -1 (with a NaN value, which never wins); -inf never beats -FLT_MAX, so a row without a
+// finite logit keeps index INT32_MAX. Either gives the row kNoToken, as sampling::argmax_row defines.
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
   pdl_wait();
@@ -136,13 +139,19 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
   const int64_t j0 = int64_t(c) * a.chunk, j1 = min(a.cols, j0 + a.chunk);
   float bv = -FLT_MAX;
   int bi = INT32_MAX;
+  bool bad = false;
 #pragma unroll 8
-  for (int64_t j = j0 + threadIdx.x; j < j1; j += kArgmaxThreads) better(bv, bi, to_f(l[j]), int(j));
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kArgmaxThreads) {
+    const float v = to_f(l[j]);
+    bad |= sampling::poisons_row(v);
+    better(bv, bi, v, int(j));
+  }
+  bad = __syncthreads_or(bad);
   block_best(bv, bi);
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    a.part_v[row * a.chunks + c] = bv;
-    a.part_i[row * a.chunks + c] = bi;
+    a.part_v[row * a.chunks + c] = bad ? __int_as_float(0x7fc00000) : bv;
+    a.part_i[row * a.chunks + c] = bad ? -1 : bi;
     __threadfence();
     last = atomicAdd(a.counters + row, 1) == a.chunks - 1;
     if (last) a.counters[row] = 0;
@@ -152,11 +161,15 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
   __threadfence();
   bv = -FLT_MAX;
   bi = INT32_MAX;
-  for (int k = threadIdx.x; k < a.chunks; k += kArgmaxThreads)
-    better(bv, bi, __ldcg(a.part_v + row * a.chunks + k), __ldcg(a.part_i + row * a.chunks + k));
+  bad = false;
+  for (int k = threadIdx.x; k < a.chunks; k += kArgmaxThreads) {
+    const int ci = __ldcg(a.part_i + row * a.chunks + k);
+    bad |= ci < 0;
+    better(bv, bi, __ldcg(a.part_v + row * a.chunks + k), ci);
+  }
+  bad = __syncthreads_or(bad);
   block_best(bv, bi);
-  // A row of NaNs or -inf only: index 0, as a first-maximum scan that never advances.
-  if (threadIdx.x == 0) a.out[row] = bi == INT32_MAX ? 0 : bi;
+  if (threadIdx.x == 0) a.out[row] = bad || bi == INT32_MAX ? sampling::kNoToken : bi;
 }
 
 unsigned grid_for(int64_t total, int threads) {

@@ -257,8 +257,24 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   row.top = 0.0f;
 
   unsigned long long best = 0;
-  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads)
+  bool poisoned = false, any_finite = false;
+  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+    const float l = to_f(row.logits[j]);
+    poisoned |= sp::poisons_row(l);
+    any_finite |= sp::is_finite(l);
     best = max(best, (unsigned long long)sp::composite(sp::order_key(row.score_at(j)), j));
+  }
+  // A row with a NaN or +inf logit, or none finite, has no pick (backend/sampling.h); the counter
+  // still advances.
+  const int row_poisoned = __syncthreads_or(poisoned);
+  const int row_finite = __syncthreads_or(any_finite);
+  if (row_poisoned || !row_finite) {
+    if (threadIdx.x == 0) {
+      a.out[r] = sp::kNoToken;
+      a.st.step[sr] = step + 1;
+    }
+    return;
+  }
   best = block_max(best, sh);
   int32_t pick = sp::composite_id(best);
   if (p.temperature > 0.0f) {

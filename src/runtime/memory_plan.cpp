@@ -1,0 +1,168 @@
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/host_memory.h"
+#include "io/engine_file.h"
+#include "models/family.h"
+#include "models/rope.h"
+#include "runtime/state.h"
+
+namespace ingot {
+
+namespace {
+
+// Products and sums of sizes that remember whether any step left the 64-bit range, so an absurd
+// request is refused by name instead of wrapping into a small allocation.
+struct Sizes {
+  bool overflow = false;
+  size_t mul(std::initializer_list<int64_t> factors) {
+    size_t r = 1;
+    for (int64_t f : factors) {
+      if (f < 0 || __builtin_mul_overflow(r, size_t(f), &r)) {
+        overflow = true;
+        return 0;
+      }
+    }
+    return r;
+  }
+  size_t add(size_t a, size_t b) {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) overflow = true;
+    return r;
+  }
+};
+
+}  // namespace
+
+size_t WorkspacePlan::total() const {
+  return 3 * hidden + qkv + attn + gate_up + act + 6 * token_meta + gathered + logits + next_tokens + sample_params +
+         sample_step + sample_seen + inv_freq;
+}
+
+std::string format_bytes(double bytes) {
+  char buf[64];
+  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f bytes", bytes);
+  return buf;
+}
+
+std::string MemoryPlan::describe() const {
+  return format_bytes(double(allocated())) + " (weights " +
+         (weights_in_place ? "used in place" : format_bytes(double(weights))) + ", KV cache " +
+         format_bytes(double(cache)) + " for max batch " + std::to_string(options.max_batch) + " x capacity " +
+         std::to_string(options.capacity) + ", workspace " + format_bytes(double(workspace)) + ")";
+}
+
+size_t engine_weight_bytes(const ModelSpec& spec, DType dtype) {
+  Sizes z;
+  size_t total = 0;
+  const WeightTable table = weight_table(spec);
+  for (const WeightSpec& w : table.entries()) {
+    size_t n = dtype_size(dtype);
+    for (int64_t d : w.shape) n = z.mul({int64_t(n), d});
+    total = z.add(total, n);
+  }
+  if (z.overflow) throw Error("the weights of this model exceed 2^64 bytes (check its config's dimensions)");
+  return total;
+}
+
+MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const RuntimeOptions& options,
+                       bool weights_in_place) {
+  MemoryPlan p;
+  RuntimeOptions& o = p.options;
+  o = options;
+  static_cast<CacheBounds&>(o) = State::resolve(s, o);
+  if (o.max_tokens < 0 || o.max_tokens > kMaxCapacity)
+    throw Error("max tokens per forward must lie in [1, 2^30] (0 = default), got " + std::to_string(o.max_tokens));
+  if (o.max_logit_rows < 0 || o.max_logit_rows > kMaxBatch)
+    throw Error("logits rows per pass must lie in [1, " + std::to_string(kMaxBatch) + "] (0 = default), got " +
+                std::to_string(o.max_logit_rows));
+  if (o.max_tokens == 0) o.max_tokens = std::min<int64_t>(int64_t(o.max_batch) * o.capacity, 4096);
+  if (o.max_logit_rows == 0) o.max_logit_rows = std::max<int64_t>(o.max_batch, 64);
+  p.activation_dtype = adt;
+  p.weights = engine_weight_bytes(s, weight_dtype);
+  p.weights_in_place = weights_in_place;
+
+  Sizes z;
+  const int64_t as = int64_t(dtype_size(adt)), T = o.max_tokens, L = o.max_logit_rows, B = o.max_batch;
+  const std::optional<size_t> cache = State::bytes(s, o, adt);
+  if (!cache) z.overflow = true;
+  p.cache = cache.value_or(0);
+  WorkspacePlan& w = p.ws;
+  w.hidden = z.mul({T, s.hidden, as});
+  w.qkv = z.mul({T, s.q_dim() + 2 * s.kv_dim(), as});
+  w.attn = z.mul({T, s.q_dim(), as});
+  w.gate_up = z.mul({T, 2 * s.intermediate, as});
+  w.act = z.mul({T, s.intermediate, as});
+  w.token_meta = z.mul({T, int64_t(sizeof(int32_t))});
+  w.gathered = z.mul({L, s.hidden, as});
+  w.logits = z.mul({L, s.vocab, as});
+  w.next_tokens = z.mul({B, int64_t(sizeof(int32_t))});
+  w.sample_params = z.mul({B, int64_t(sizeof(SampleParams))});
+  w.sample_step = z.mul({B, int64_t(sizeof(uint32_t))});
+  w.sample_seen = z.mul({B, s.vocab});
+  w.inv_freq = std::max<size_t>(rope_inv_freq(s).size(), 1) * sizeof(float);
+  size_t ws = 0;
+  for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.token_meta, w.token_meta,
+                   w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
+                   w.sample_params, w.sample_step, w.sample_seen, w.inv_freq})
+    ws = z.add(ws, b);
+  p.workspace = ws;
+  z.add(z.add(p.weights, p.cache), p.workspace);
+  if (z.overflow)
+    throw Error("the memory for max batch " + std::to_string(B) + " x capacity " + std::to_string(o.capacity) +
+                " of this model exceeds 2^64 bytes");
+  return p;
+}
+
+void check_fits(size_t needed, const std::string& what, std::optional<size_t> available, const std::string& where) {
+  if (!available || needed <= *available) return;
+  throw Error("not enough memory: " + what + " needs " + format_bytes(double(needed)) + " but " + where + " has " +
+              format_bytes(double(*available)) + " available");
+}
+
+void check_fits(const MemoryPlan& plan, std::optional<size_t> available, const std::string& where) {
+  if (!available || plan.allocated() <= *available) return;
+  const bool weights_alone = !plan.weights_in_place && plan.weights > *available;
+  throw Error("not enough memory: this run needs " + plan.describe() + " but " + where + " has " +
+              format_bytes(double(*available)) + " available; " +
+              (weights_alone ? "the weights alone do not fit (a 16-bit dtype halves f32 weights)"
+                             : "lower the capacity or the batch"));
+}
+
+void check_host_memory(const ModelSpec& spec, DType weight_dtype, const RuntimeOptions& rt, bool weights_built,
+                       const Backend* host_backend) {
+  const std::optional<size_t> avail = host_available_bytes();
+  if (host_backend) {
+    check_fits(plan_memory(spec, weight_dtype, host_backend->activation_dtype(), rt, !weights_built), avail,
+               "host memory");
+  } else if (weights_built) {
+    check_fits(engine_weight_bytes(spec, weight_dtype),
+               "building the engine's " + std::string(dtype_name(weight_dtype)) + " weights", avail, "host memory");
+  }
+}
+
+RuntimeOptions fit_engine_bounds(const EngineFileInfo& f, RuntimeOptions rt, bool layout_given) {
+  const CacheBounds& b = f.bounds;
+  if (rt.max_batch > b.max_batch)
+    throw Error(f.path + ": this run needs max batch " + std::to_string(rt.max_batch) +
+                " but the engine was built for at most " + std::to_string(b.max_batch) +
+                " (rebuild with `ingot build --max-batch N`)");
+  if (rt.capacity > b.capacity)
+    throw Error(f.path + ": this run needs capacity " + std::to_string(rt.capacity) +
+                " cache slots but the engine was built for at most " + std::to_string(b.capacity) +
+                " (rebuild with `ingot build --capacity N`)");
+  if (layout_given && rt.layout != b.layout)
+    throw Error(f.path + ": the engine was built for the " + layout_name(b.layout) + " cache layout, not " +
+                layout_name(rt.layout) + " (rebuild with `ingot build --layout " + layout_name(rt.layout) + "`)");
+  if (rt.capacity == 0) rt.capacity = std::min(default_capacity(f.spec), b.capacity);
+  rt.layout = b.layout;
+  return rt;
+}
+
+}  // namespace ingot
