@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -260,6 +262,66 @@ TEST_P(CudaLinearAttention, Qwen35NineBHeads) {
 TEST_P(CudaLinearAttention, LongRunAndLargeDk) {
   // A 300-token prefill then decode, and d_k 256 (8 warps per block).
   run_layer({2, 4, 256, 64, 4, 2}, {{{0, 0, 300}}, {{0, 300, 1}}, {{1, 0, 2}, {0, 301, 1}}}, -1);
+}
+
+// Timing, not a check (run with --gtest_also_run_disabled_tests): the delta rule on Qwen3.5-9B's heads
+// over 48 layers' states in turn (more than L2), captured in a graph, as decode at batch 1, 8 and 64
+// (GB/s of state read + written), and a 4,096-token single-row prefill call.
+TEST_P(CudaLinearAttention, DISABLED_Timing) {
+  const int HK = 16, HV = 32, DK = 128, DV = 128, L = 48, QK = HK * DK, C = 2 * QK + HV * DV;
+  Side& g = *gpu_;
+  for (int B : {1, 8, 64, -4096}) {
+    const int rows = B > 0 ? B : 1, T = B > 0 ? B : -B;
+    const size_t st_elems = size_t(rows) * HV * DK * DV;
+    std::vector<Buffer> states;
+    for (int l = 0; l < L; ++l) {
+      states.emplace_back(*gpu_be_, st_elems * 4);
+      gpu_be_->fill_zero(states.back().get(), st_elems * 4);
+    }
+    Meta meta;
+    for (int t = 0; t < T; ++t) {
+      meta.row.push_back(B > 0 ? t : 0);
+      meta.slot.push_back(B > 0 ? 5 : t + 1);
+    }
+    const TokenMeta tm{g.put_i32(meta.row), g.put_i32(meta.slot), nullptr, nullptr};
+    auto* conv = static_cast<uint8_t*>(g.put(rnd(size_t(T) * C)));
+    const size_t e = dtype_size(dt_);
+    GatedDeltaRuleParams p;
+    p.q = g.m(conv, T, QK, C);
+    p.k = g.m(conv + QK * e, T, QK, C);
+    p.v = g.m(conv + 2 * QK * e, T, HV * DV, C);
+    auto* ba = static_cast<uint8_t*>(g.put(rnd(size_t(T) * 2 * HV)));
+    p.b = g.m(ba, T, HV, 2 * HV);
+    p.a = g.m(ba + HV * e, T, HV, 2 * HV);
+    p.a_log = g.put(rnd(HV), DType::F32);
+    p.dt_bias = g.put(rnd(HV), DType::F32);
+    p.out = g.m(g.put(std::vector<float>(size_t(T) * HV * DV)), T, HV * DV);
+    p.k_heads = HK, p.v_heads = HV, p.d_k = DK, p.d_v = DV;
+    p.meta = tm;
+    p.rows = rows;
+    const int layers = B > 0 ? L : 4;
+    auto body = [&] {
+      for (int l = 0; l < layers; ++l) {
+        p.state = states[size_t(l)].as<float>();
+        gpu_be_->gated_delta_rule(p);
+      }
+    };
+    body();
+    gpu_be_->synchronize();
+    auto graph = gpu_be_->capture(body);
+    const int reps = B > 0 ? 20 : 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) graph ? graph->replay() : body();
+    gpu_be_->synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                      double(reps * layers);
+    if (B > 0)
+      std::printf("%s decode batch %d: %.2f us per layer call, %.0f GB/s of state (read + write)\n", dtype_name(dt_).data(),
+                  B, us, 2.0 * double(st_elems) * 4 / (us * 1e3));
+    else
+      std::printf("%s prefill %d tokens, one row: %.1f us per layer call, %.0f tokens/s per layer\n",
+                  dtype_name(dt_).data(), T, us, double(T) / (us * 1e-6));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinearAttention, ::testing::Values(DType::F32, DType::F16, DType::BF16),
