@@ -360,16 +360,17 @@ void Generator::run() {
 }
 
 Completion Generator::generate(Request r) {
-  std::optional<Completion> got;
-  r.on_done = [&got, then = std::move(r.on_done)](const Completion& c) {
-    got = c;
+  // Shared with the callback: if a step throws, the request stays queued and may finish later.
+  auto got = std::make_shared<std::optional<Completion>>();
+  r.on_done = [got, then = std::move(r.on_done)](const Completion& c) {
+    *got = c;
     if (then) then(c);
   };
   submit(std::move(r));
-  while (!got)
-    if (!step() && !got) throw Error("generator: went idle before the request finished");
-  if (got->stop == StopReason::Error) throw Error(got->error);
-  return std::move(*got);
+  while (!*got)
+    if (!step() && !*got) throw Error("generator: went idle before the request finished");
+  if ((*got)->stop == StopReason::Error) throw Error((*got)->error);
+  return std::move(**got);
 }
 
 }  // namespace ingot

@@ -131,7 +131,7 @@ class Generator {
   // stop strings without a TextDecoder, a slot out of range, or (without fit_capacity) more cache
   // slots than the capacity.
   RequestId submit(Request r);
-  void cancel(RequestId id);  // as setting the request's cancel flag
+  void cancel(RequestId id);  // as setting the request's cancel flag (from the stepping thread)
   // One scheduler step (see the file comment). Returns whether work remains.
   bool step();
   void run();  // steps until idle
