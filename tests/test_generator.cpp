@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 
 #include "backend/backend.h"
 #include "runtime/generator.h"
@@ -335,6 +336,37 @@ TEST(Generator, BadRequestsAreRefusedBeforeCompute) {
   EXPECT_EQ(m->read_cache_row(0), before);
   // Exactly full is accepted.
   EXPECT_EQ(g.generate(request(Spec{seq(12, 1), 9})).ids.size(), 9u);
+}
+
+TEST(Generator, AFailingCallbackStopsOnlyItsRequest) {
+  Fx f;
+  auto m = f.model(2);
+  Generator g(*m);
+  std::optional<Completion> bad, good, later;
+  Request r = request(Spec{seq(5, 1), 10});
+  r.on_token = [](const TokenEvent& e) {
+    if (e.index == 2) throw std::runtime_error("the client went away");
+  };
+  r.on_done = [&](const Completion& c) { bad = c; };
+  g.submit(std::move(r));
+  const Spec other{seq(8, 3), 10};
+  r = request(other);
+  r.on_done = [&](const Completion& c) {
+    good = c;
+    // A completion may submit the next request from its callback.
+    Request next = request(Spec{seq(4, 2), 3});
+    next.on_done = [&](const Completion& x) { later = x; };
+    g.submit(std::move(next));
+  };
+  g.submit(std::move(r));
+  g.run();
+  ASSERT_TRUE(bad && good && later);
+  EXPECT_EQ(bad->stop, StopReason::Error);
+  EXPECT_EQ(bad->error, "the client went away");
+  EXPECT_EQ(bad->ids.size(), 3u);
+  EXPECT_EQ(good->ids, alone(f, other));
+  EXPECT_EQ(later->ids.size(), 3u);
+  EXPECT_TRUE(g.idle());
 }
 
 TEST(Generator, WarnsPastMaxPositionEmbeddingsAtSubmit) {
