@@ -19,10 +19,11 @@ namespace {
 struct Fx {
   Engine eng = build_engine(test::fixture("qwen3"));  // vocab 512, max_position 64
   std::unique_ptr<Backend> be = make_cpu_backend(2);
-  std::unique_ptr<Model> model(int batch, int64_t capacity = 64) {
+  std::unique_ptr<Model> model(int batch, int64_t capacity = 64, int64_t max_tokens = 0) {
     RuntimeOptions rt;
     rt.max_batch = batch;
     rt.capacity = capacity;
+    rt.max_tokens = max_tokens;
     return std::make_unique<Model>(eng, *be, rt);
   }
 };
@@ -75,9 +76,11 @@ std::vector<Spec> scenario(bool sampled) {
   return out;
 }
 
-// Runs the scenario on `batch` slots with a prefill budget; returns each request's tokens.
-std::vector<std::vector<int32_t>> together(Fx& f, const std::vector<Spec>& specs, int batch, int64_t budget) {
-  auto m = f.model(batch);
+// Runs the scenario on `batch` slots with a prefill budget (and a workspace of max_tokens per
+// forward); returns each request's tokens.
+std::vector<std::vector<int32_t>> together(Fx& f, const std::vector<Spec>& specs, int batch, int64_t budget,
+                                           int64_t max_tokens = 0) {
+  auto m = f.model(batch, 64, max_tokens);
   GeneratorOptions o;
   o.prefill_budget = budget;
   Generator g(*m, o);
@@ -111,6 +114,8 @@ TEST(Generator, ConcurrentGreedyRequestsEqualEachAlone) {
     SCOPED_TRACE("batch " + std::to_string(batch) + ", budget " + std::to_string(budget));
     EXPECT_EQ(together(f, specs, batch, budget), want);
   }
+  // A workspace of 3 tokens per call: prompts in chunks of 3, the 5 decode rows in two calls.
+  EXPECT_EQ(together(f, specs, 5, 0, 3), want);
 }
 
 TEST(Generator, ConcurrentSampledRequestsEqualEachAloneBySeed) {

@@ -267,17 +267,24 @@ void Generator::decode_rows() {
     at.push_back(int64_t(slots_[size_t(s)].cached.size()));
   }
   stats_.decode_rows = int(rows.size());
-  if (rows.empty()) return;
-  std::vector<int32_t> next;
-  try {
-    next = m_.decode(rows, tokens, at);
-  } catch (const std::exception& e) {
-    return fail_all(rows, e);
-  }
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Slot& sl = slots_[size_t(rows[i])];
-    sl.cached.push_back(tokens[i]);
-    accept(*sl.req, next[i]);
+  // One call, unless the workspace carries fewer tokens than there are rows.
+  const size_t per_call = size_t(std::max<int64_t>(1, m_.max_tokens()));
+  for (size_t from = 0; from < rows.size(); from += per_call) {
+    const size_t to = std::min(rows.size(), from + per_call);
+    const std::vector<int> part(rows.begin() + long(from), rows.begin() + long(to));
+    std::vector<int32_t> next;
+    try {
+      next = m_.decode(part, std::vector<int32_t>(tokens.begin() + long(from), tokens.begin() + long(to)),
+                       std::vector<int64_t>(at.begin() + long(from), at.begin() + long(to)));
+    } catch (const std::exception& e) {
+      fail_all(part, e);
+      continue;
+    }
+    for (size_t i = 0; i < part.size(); ++i) {
+      Slot& sl = slots_[size_t(part[i])];
+      sl.cached.push_back(tokens[from + i]);
+      accept(*sl.req, next[i]);
+    }
   }
 }
 
