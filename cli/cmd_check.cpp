@@ -60,7 +60,7 @@ void add_check(CLI::App& app) {
     const DType wt = l.engine->weight_dtype, act = l.backend->activation_dtype();
     const bool gpu = l.backend->name() != "cpu";
     CheckOptions co;
-    co.tol = default_tolerance(wt, act, gpu, ref);
+    co.tol = default_tolerance(wt, act, gpu, l.engine->spec.layers, ref);
     const bool sixteen = co.tol.tie_margin > 0;
     const std::string where = "default for " + std::string(dtype_name(wt)) + " weights, " +
                               std::string(dtype_name(act)) + " activations on " + l.backend->name();

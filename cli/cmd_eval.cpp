@@ -2,6 +2,7 @@
 // forward calls as the workspace allows. tools/compare_16bit.py feeds it the contexts it also gives
 // transformers, to compare 16-bit paths against an f32 reference.
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -41,12 +42,19 @@ void add_eval(CLI::App& app) {
     const int64_t N = ids->shape[0], S = ids->shape[1];
     if (!lens || lens->dtype != DType::I64 || lens->shape != Shape{N})
       throw Error(a->contexts + ": needs 'lengths' as int64 [N]");
-    const int64_t* id = reinterpret_cast<const int64_t*>(ids->data);
-    const int64_t* len = reinterpret_cast<const int64_t*>(lens->data);
+    // Copied out of the mapping: safetensors places tensors at any byte offset, so the int64 values
+    // need not be aligned where they lie.
+    std::vector<int64_t> id(static_cast<size_t>(N * S)), len(static_cast<size_t>(N));
+    std::memcpy(id.data(), ids->data, id.size() * sizeof(int64_t));
+    std::memcpy(len.data(), lens->data, len.size() * sizeof(int64_t));
     for (int64_t n = 0; n < N; ++n)
-      if (len[n] < 1 || len[n] > S)
-        throw Error(a->contexts + ": lengths[" + std::to_string(n) + "] = " + std::to_string(len[n]) + " is outside [1, " +
+      if (len[size_t(n)] < 1 || len[size_t(n)] > S)
+        throw Error(a->contexts + ": lengths[" + std::to_string(n) + "] = " + std::to_string(len[size_t(n)]) + " is outside [1, " +
                     std::to_string(S) + "]");
+    for (size_t i = 0; i < id.size(); ++i)
+      if (id[i] < 0 || id[i] > INT32_MAX)
+        throw Error(a->contexts + ": input_ids[" + std::to_string(int64_t(i) / S) + ", " + std::to_string(int64_t(i) % S) +
+                    "] = " + std::to_string(id[i]) + " is not a token id");
     RuntimeOptions rt;
     rt.max_batch = int(std::min<int64_t>(N, a->max_batch));
     rt.capacity = S;
@@ -56,11 +64,11 @@ void add_eval(CLI::App& app) {
     for (int64_t n0 = 0; n0 < N;) {
       Batch b;
       int64_t tokens = 0;
-      for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[n] <= l.model->max_tokens(); ++n) {
-        std::vector<int32_t> t(static_cast<size_t>(len[n]));
-        for (int64_t i = 0; i < len[n]; ++i) t[size_t(i)] = int32_t(id[n * S + i]);
+      for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[size_t(n)] <= l.model->max_tokens(); ++n) {
+        std::vector<int32_t> t(static_cast<size_t>(len[size_t(n)]));
+        for (int64_t i = 0; i < len[size_t(n)]; ++i) t[size_t(i)] = int32_t(id[size_t(n * S + i)]);
         b.rows.push_back(BatchRow{int(b.rows.size()), std::move(t), 0, {}, false});
-        tokens += len[n];
+        tokens += len[size_t(n)];
       }
       if (b.rows.empty()) throw Error("eval-logits: context " + std::to_string(n0) + " does not fit the workspace");
       HostTensor lg = l.model->forward(b);

@@ -69,6 +69,57 @@ struct AttentionParams {
   KvLayerView cache;
 };
 
+// Linear attention (Gated DeltaNet, Qwen3.5 / Qwen3-Next). Per layer and cache row the state is static
+// fp32 whatever the activation dtype: the convolution state [B, channels, kernel - 1] (a row's last
+// kernel - 1 inputs, oldest first) and the recurrent state [B, v_heads, d_k, d_v], both contiguous. The
+// ops read token-major inputs with TokenMeta's row and slot: a row's tokens are consecutive and in slot
+// order within one call, its state is read and written in place, rows not in the call are untouched,
+// and a token at slot 0 starts from a zero state whatever the buffer holds (so resetting a row needs no
+// clearing). Any split of a row's tokens over calls gives the result of one call.
+
+// Depthwise causal conv1d (no bias) then SiLU, per channel c:
+//   out[t, c] = silu(sum_{j < kernel} w[c, j] * x[slot(t) - (kernel - 1) + j, c])
+// where inputs before the call come from the conv state and inputs before slot 0 are zero.
+struct CausalConv1dParams {
+  Mat x;                         // [T, channels]
+  Mat out;                       // [T, channels]; may be x itself (in place)
+  const void* weight = nullptr;  // [channels, kernel] (the checkpoint's conv1d.weight [channels, 1, kernel])
+  DType weight_dtype = DType::F32;
+  int kernel = 0;                // 2..8
+  float* state = nullptr;        // [B, channels, kernel - 1]
+  TokenMeta meta;                // row and slot
+};
+
+// The gated delta rule, per token and value head h (key head h / (v_heads / k_heads)), in fp32:
+//   q' = l2norm(q) / sqrt(d_k), k' = l2norm(k) (l2norm(x) = x * rsqrt(sum x^2 + 1e-6)),
+//   beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias),
+//   S = exp(g) * S;  S = S + k' (x) beta * (v - S^T k');  out = S^T q'
+// with S [d_k, d_v] the row's recurrent state of head h.
+struct GatedDeltaRuleParams {
+  Mat q, k;                        // [T, k_heads * d_k] (strided views into the conv output)
+  Mat v;                           // [T, v_heads * d_v]
+  Mat b, a;                        // [T, v_heads]
+  const void* a_log = nullptr;     // [v_heads]
+  DType a_log_dtype = DType::F32;
+  const void* dt_bias = nullptr;   // [v_heads]
+  DType dt_bias_dtype = DType::F32;
+  Mat out;                         // [T, v_heads * d_v]
+  int k_heads = 0, v_heads = 0, d_k = 0, d_v = 0;
+  float* state = nullptr;          // [B, v_heads, d_k, d_v]
+  TokenMeta meta;                  // row and slot
+  int rows = 0;                    // distinct rows among the tokens (kernel choice); 0 = unknown
+};
+
+// Gated RMSNorm of the linear layers' output, per token and head (dim elements each), in fp32 and
+// rounded once: out = w * (x * rsqrt(mean(x^2) + eps)) * silu(z); w [dim] is used as is (around 1).
+struct GatedRmsNormParams {
+  Mat x, z, out;                   // [T, heads * dim]; out may be x
+  const void* weight = nullptr;    // [dim]
+  DType weight_dtype = DType::F32;
+  int heads = 0, dim = 0;
+  float eps = 1e-6f;
+};
+
 // One row's sampling settings as the sample op reads them from backend memory.
 struct SampleParams {
   float temperature = 0.0f;         // <= 0: the argmax after the penalty
@@ -158,6 +209,10 @@ class Backend {
   virtual void sample(const Mat& logits, const SampleState& st, int32_t* out) = 0;
   // Widens a matrix into contiguous f32 rows at dst (host memory backends only; others download).
   virtual void to_f32(const Mat& src, float* dst) = 0;
+  // Linear attention (Gated DeltaNet) ops: see CausalConv1dParams, GatedDeltaRuleParams, GatedRmsNormParams.
+  virtual void causal_conv1d(const CausalConv1dParams& p) = 0;
+  virtual void gated_delta_rule(const GatedDeltaRuleParams& p) = 0;
+  virtual void gated_rmsnorm(const GatedRmsNormParams& p) = 0;
 };
 
 // RAII for one backend allocation.

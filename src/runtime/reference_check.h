@@ -39,9 +39,9 @@ struct Tolerance {
 // The defaults (docs/reference-format.md, "Tolerances"). f32 weights and activations: atol 1e-4 on the
 // CPU and 1e-3 on a GPU, rtol 1e-4, exact agreement. A 16-bit dtype in weights or activations: atol and
 // mean_atol proportional to that dtype's unit roundoff times the RMS of the reference logits, with
-// constants from measured runs (larger when activations are 16-bit as well), rtol 0, and tie_margin =
-// atol.
-Tolerance default_tolerance(DType weights, DType activations, bool gpu, const Reference& ref);
+// constants from measured runs (when activations are 16-bit as well, also times sqrt(layers / 2):
+// every layer rounds again), rtol 0, and tie_margin = atol.
+Tolerance default_tolerance(DType weights, DType activations, bool gpu, int64_t layers, const Reference& ref);
 // The tie margin that goes with a per-logit bound: atol + rtol * max|reference logit|. A flip at a
 // larger margin needs the two competing logits to be off in opposite directions by more than half the
 // bound each, which a run whose errors stay below half the bound (the defaults' headroom) cannot do.

@@ -9,9 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "template/chat_template.h"
 
 namespace ingot::tmpl::detail {
+
+// Every error a template raises, at parse or render time, names the template line.
+[[noreturn]] inline void fail(int line, const std::string& msg) {
+  throw Error("chat template line " + std::to_string(line) + ": " + msg);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Values

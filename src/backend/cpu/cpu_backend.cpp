@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/linear_attention.h"
 #include "backend/sampling.h"
 #include "core/error.h"
 #include "runtime/memory_plan.h"
@@ -288,6 +289,11 @@ class CpuBackend final : public Backend {
   void to_f32(const Mat& src, float* dst) override {
     for (int64_t r = 0; r < src.rows; ++r) row_to_f32(row_ptr(src, r), src.dtype, dst + r * src.cols, src.cols);
   }
+
+  // Linear attention: the reference lives in linear_attention.cpp.
+  void causal_conv1d(const CausalConv1dParams& p) override { cpu::causal_conv1d(p, threads_); }
+  void gated_delta_rule(const GatedDeltaRuleParams& p) override { cpu::gated_delta_rule(p, threads_); }
+  void gated_rmsnorm(const GatedRmsNormParams& p) override { cpu::gated_rmsnorm(p, threads_); }
 
  private:
   int threads_;

@@ -424,6 +424,18 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "sample " + shape(logits); }, stream_->get());
     launch_sample(logits, st, out, stream_->get());
   }
+  void causal_conv1d(const CausalConv1dParams& p) override {
+    auto _ = prof_.scope([&] { return "causal_conv1d " + shape(p.x); }, stream_->get());
+    launch_causal_conv1d(p, stream_->get());
+  }
+  void gated_delta_rule(const GatedDeltaRuleParams& p) override {
+    auto _ = prof_.scope([&] { return "gated_delta_rule T=" + std::to_string(p.q.rows); }, stream_->get());
+    launch_gated_delta_rule(p, stream_->get());
+  }
+  void gated_rmsnorm(const GatedRmsNormParams& p) override {
+    auto _ = prof_.scope([&] { return "gated_rmsnorm " + shape(p.x); }, stream_->get());
+    launch_gated_rmsnorm(p, stream_->get());
+  }
   void to_f32(const Mat& src, float* dst) override {
     const size_t es = dtype_size(src.dtype);
     std::vector<uint8_t> raw(size_t(src.cols) * es);

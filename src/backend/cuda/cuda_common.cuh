@@ -133,5 +133,9 @@ bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cud
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s);
 // Adds bias [N] (dtype of y) to every row of y.
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
+// Linear attention (linear_attention.cu): causal conv1d + SiLU, the gated delta rule, the gated RMSNorm.
+void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s);
+void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s);
+void launch_gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t s);
 
 }  // namespace ingot::cuda

@@ -1,0 +1,314 @@
+// Linear attention (Gated DeltaNet) ops: depthwise causal conv1d + SiLU, the gated delta rule and the
+// gated RMSNorm (definitions in backend.h; the CPU reference is src/backend/cpu/linear_attention.cpp).
+// States are fp32 [B, channels, kernel - 1] and [B, v_heads, d_k, d_v] read and written in place. The
+// conv and delta-rule kernels run one row's tokens in order inside one thread block: the block of token
+// t starts work only when t is the first token of its row in the call (a row's tokens are consecutive),
+// the others exit at once. This is the token-sequential form; the chunked (WY/UT) prefill is not here yet.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot::cuda {
+namespace {
+
+// ---- causal conv1d --------------------------------------------------------------------------------
+
+struct ConvArgs {
+  const void* x;
+  int64_t x_ld;
+  void* out;
+  int64_t out_ld;
+  const void* weight;  // [channels, kernel]
+  DType weight_dtype;
+  float* state;        // [B, channels, kernel - 1]
+  const int32_t* row;
+  const int32_t* slot;
+  int64_t tokens;
+  int channels, kernel;
+};
+
+constexpr int kConvThreads = 128;
+constexpr int kMaxKernel = 8;
+
+// One thread per (row run, channel): the window of the last kernel - 1 inputs lives in registers,
+// right-aligned in a kMaxKernel - 1 array (unused leading taps have weight 0), so in-place operation is
+// safe (each input is read before its output is written, by the same thread).
+template <typename T>
+__global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(ConvArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t t0 = blockIdx.x;
+  const int32_t r = a.row[t0];
+  if (t0 > 0 && a.row[t0 - 1] == r) return;  // not the first token of its row's run
+  const int c = int(blockIdx.y) * kConvThreads + int(threadIdx.x);
+  if (c >= a.channels) return;
+  const int K = a.kernel, M = kMaxKernel - 1;
+  float w[kMaxKernel], hist[kMaxKernel - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxKernel; ++j) {
+    const int tap = j - (kMaxKernel - K);  // tap index in [0, K) for the last K entries
+    w[j] = tap >= 0 ? load_any(a.weight, a.weight_dtype, int64_t(c) * K + tap) : 0.f;
+  }
+  float* st = a.state + (int64_t(r) * a.channels + c) * (K - 1);
+  const int64_t s0 = a.slot[t0];
+#pragma unroll
+  for (int j = 0; j < M; ++j) {
+    const int i = j - (M - (K - 1));  // state index in [0, K - 1), position s0 - (K - 1) + i
+    hist[j] = (i >= 0 && s0 - (K - 1) + i >= 0) ? st[i] : 0.f;
+  }
+  const T* x = static_cast<const T*>(a.x);
+  T* out = static_cast<T*>(a.out);
+  for (int64_t t = t0; t < a.tokens && a.row[t] == r; ++t) {
+    const float xv = to_f(x[t * a.x_ld + c]);
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < M; ++j) acc += w[j] * hist[j];
+    acc += w[M] * xv;
+    out[t * a.out_ld + c] = from_f<T>(acc / (1.0f + expf(-acc)));
+#pragma unroll
+    for (int j = 0; j + 1 < M; ++j) hist[j] = hist[j + 1];
+    hist[M - 1] = xv;
+  }
+#pragma unroll
+  for (int j = 0; j < M; ++j) {
+    const int i = j - (M - (K - 1));
+    if (i >= 0) st[i] = hist[j];
+  }
+}
+
+// ---- gated delta rule -----------------------------------------------------------------------------
+
+struct DeltaArgs {
+  const void* q;
+  int64_t q_ld;
+  const void* k;
+  int64_t k_ld;
+  const void* v;
+  int64_t v_ld;
+  const void* b;
+  int64_t b_ld;
+  const void* a;
+  int64_t a_ld;
+  const void* a_log;
+  DType a_log_dtype;
+  const void* dt_bias;
+  DType dt_bias_dtype;
+  void* out;
+  int64_t out_ld;
+  float* state;  // [B, v_heads, d_k, d_v]
+  const int32_t* row;
+  const int32_t* slot;
+  int64_t tokens;
+  int k_heads, v_heads, d_k, d_v;
+  int rows_per_warp;  // state rows each warp holds (<= kStateRows)
+};
+
+constexpr int kStateRows = 32;  // state rows a thread holds in registers
+constexpr int kMaxDeltaWarps = 16;
+
+// Block (32 lanes, W warps) per (row run, value head, 32 state columns): lane = column j, warp w holds
+// rows [w R, w R + R) of the state's columns in registers for the whole run, so the state is read once
+// and written once per call (decode: a pure stream of the state). Per token, warps 0 and 1 L2-normalise
+// q and k into shared memory (double-buffered by token parity) and warp 2 computes the gates; then each
+// thread forms partial S^T k, S^T q and k.q over its rows, the W partials are summed in warp order, and
+//   u = beta (v - decay S^T k),  o = decay S^T q + u (k.q),  S = decay S + k u
+// (o from the updated state by the identity (decay S + k u)^T q, so a token needs one reduction).
+template <typename T>
+__global__ void __launch_bounds__(kMaxDeltaWarps * 32) gated_delta_rule_kernel(DeltaArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t t0 = blockIdx.x;
+  const int32_t r = a.row[t0];
+  if (t0 > 0 && a.row[t0 - 1] == r) return;  // not the first token of its row's run
+  const int h = blockIdx.y, kh = h / (a.v_heads / a.k_heads);
+  const int lane = threadIdx.x, w = threadIdx.y, W = blockDim.y;
+  const int DK = a.d_k, DV = a.d_v, R = a.rows_per_warp;
+  const int j = int(blockIdx.z) * 32 + lane;
+  const bool col = j < DV;
+  extern __shared__ float sm[];
+  float* qn = sm;               // [2][DK]
+  float* kn = sm + 2 * DK;      // [2][DK]
+  float* red = sm + 4 * DK;     // [W][3][32]
+  float* gates = red + W * 96;  // [2][beta, decay]
+
+  float* S = a.state + (int64_t(r) * a.v_heads + h) * int64_t(DK) * DV;
+  const bool fresh = a.slot[t0] == 0;  // slot 0 starts from a zero state
+  float s[kStateRows];
+#pragma unroll
+  for (int i = 0; i < kStateRows; ++i) {
+    const int ii = w * R + i;
+    s[i] = (i < R && ii < DK && col && !fresh) ? S[int64_t(ii) * DV + j] : 0.f;
+  }
+  const float A = expf(load_any(a.a_log, a.a_log_dtype, h));
+  const float dtb = load_any(a.dt_bias, a.dt_bias_dtype, h);
+  const float q_scale = 1.0f / sqrtf(float(DK));
+  const T* v = static_cast<const T*>(a.v);
+  T* out = static_cast<T*>(a.out);
+  int buf = 0;
+  for (int64_t t = t0; t < a.tokens && a.row[t] == r; ++t, buf ^= 1) {
+    if (w < 2) {
+      const T* src = w == 0 ? static_cast<const T*>(a.q) + t * a.q_ld + int64_t(kh) * DK
+                            : static_cast<const T*>(a.k) + t * a.k_ld + int64_t(kh) * DK;
+      float* dst = (w == 0 ? qn : kn) + buf * DK;
+      float ss = 0.f;
+      for (int i = lane; i < DK; i += 32) {
+        const float x = to_f(src[i]);
+        dst[i] = x;
+        ss += x * x;
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = 1.0f / sqrtf(ss + 1e-6f);
+      for (int i = lane; i < DK; i += 32) dst[i] = w == 0 ? dst[i] * inv * q_scale : dst[i] * inv;
+    } else if (w == 2 && lane == 0) {
+      const float bb = to_f(static_cast<const T*>(a.b)[t * a.b_ld + h]);
+      const float x = to_f(static_cast<const T*>(a.a)[t * a.a_ld + h]) + dtb;
+      const float sp = x > 20.f ? x : log1pf(expf(x));
+      gates[buf * 2] = 1.0f / (1.0f + expf(-bb));
+      gates[buf * 2 + 1] = expf(-A * sp);
+    }
+    const float vj = col ? to_f(v[t * a.v_ld + int64_t(h) * DV + j]) : 0.f;
+    __syncthreads();
+    const float* kq = kn + buf * DK;
+    const float* qq = qn + buf * DK;
+    float pk = 0.f, pq = 0.f, pkq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int ii = w * R + i;
+      if (i < R && ii < DK) {
+        const float kv = kq[ii], qv = qq[ii];
+        pk += s[i] * kv;
+        pq += s[i] * qv;
+        pkq += kv * qv;
+      }
+    }
+    red[(w * 3 + 0) * 32 + lane] = pk;
+    red[(w * 3 + 1) * 32 + lane] = pq;
+    red[(w * 3 + 2) * 32 + lane] = pkq;
+    __syncthreads();
+    float sk = 0.f, sq = 0.f, dkq = 0.f;
+    for (int ww = 0; ww < W; ++ww) {
+      sk += red[(ww * 3 + 0) * 32 + lane];
+      sq += red[(ww * 3 + 1) * 32 + lane];
+      dkq += red[(ww * 3 + 2) * 32 + lane];
+    }
+    const float beta = gates[buf * 2], decay = gates[buf * 2 + 1];
+    const float u = beta * (vj - decay * sk);
+    if (col && w == 0) out[t * a.out_ld + int64_t(h) * DV + j] = from_f<T>(decay * sq + u * dkq);
+#pragma unroll
+    for (int i = 0; i < kStateRows; ++i) {
+      const int ii = w * R + i;
+      if (i < R && ii < DK) s[i] = decay * s[i] + kq[ii] * u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kStateRows; ++i) {
+    const int ii = w * R + i;
+    if (i < R && ii < DK && col) S[int64_t(ii) * DV + j] = s[i];
+  }
+}
+
+// ---- gated RMSNorm --------------------------------------------------------------------------------
+
+struct NormArgs {
+  const void* x;
+  int64_t x_ld;
+  const void* z;
+  int64_t z_ld;
+  void* out;
+  int64_t out_ld;
+  const void* weight;
+  DType weight_dtype;
+  int heads, dim;
+  float eps;
+};
+
+constexpr int kNormWarps = 4;
+
+// One warp per (token, head): the sum of squares first (every lane has read its elements before any
+// write, so out may be x), then w * x * inv * silu(z) in f32, rounded once.
+template <typename T>
+__global__ void __launch_bounds__(kNormWarps * 32) gated_rmsnorm_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int h = int(blockIdx.y) * kNormWarps + warp;
+  if (h >= a.heads) return;
+  const int64_t t = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + t * a.x_ld + int64_t(h) * a.dim;
+  const T* z = static_cast<const T*>(a.z) + t * a.z_ld + int64_t(h) * a.dim;
+  T* o = static_cast<T*>(a.out) + t * a.out_ld + int64_t(h) * a.dim;
+  float ss = 0.f;
+  for (int i = lane; i < a.dim; i += 32) {
+    const float v = to_f(x[i]);
+    ss += v * v;
+  }
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = 1.0f / sqrtf(ss / float(a.dim) + a.eps);
+  for (int i = lane; i < a.dim; i += 32) {
+    const float zv = to_f(z[i]);
+    o[i] = from_f<T>(load_any(a.weight, a.weight_dtype, i) * (to_f(x[i]) * inv) * (zv / (1.0f + expf(-zv))));
+  }
+}
+
+void require_dtype(const Mat& m, DType dt, const char* op) {
+  if (m.dtype != dt) throw Error(std::string("cuda backend: ") + op + " operands must share the activation dtype");
+}
+
+}  // namespace
+
+void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s) {
+  const int64_t T = p.x.rows;
+  if (p.kernel < 2 || p.kernel > kMaxKernel)
+    throw Error("cuda backend: causal_conv1d kernel size " + std::to_string(p.kernel) + " (2.." +
+                std::to_string(kMaxKernel) + " supported)");
+  if (p.out.rows != T || p.out.cols != p.x.cols) throw Error("cuda backend: causal_conv1d shape mismatch");
+  require_dtype(p.out, p.x.dtype, "causal_conv1d");
+  if (T == 0) return;
+  ConvArgs a{p.x.data, p.x.ld, p.out.data, p.out.ld, p.weight, p.weight_dtype, p.state, p.meta.row, p.meta.slot,
+             T, int(p.x.cols), p.kernel};
+  const dim3 grid(unsigned(T), unsigned((p.x.cols + kConvThreads - 1) / kConvThreads));
+  dispatch(p.x.dtype, "causal_conv1d", [&](auto* tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    launch("causal_conv1d_kernel", causal_conv1d_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
+  });
+}
+
+void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s) {
+  const int HK = p.k_heads, HV = p.v_heads, DK = p.d_k, DV = p.d_v;
+  if (HK <= 0 || HV <= 0 || HV % HK != 0 || DK <= 0 || DV <= 0)
+    throw Error("cuda backend: gated_delta_rule: v_heads " + std::to_string(HV) +
+                " must be a positive multiple of k_heads " + std::to_string(HK) + " (and head dims positive)");
+  if (DK > kStateRows * kMaxDeltaWarps)
+    throw Error("cuda backend: gated_delta_rule supports d_k up to " + std::to_string(kStateRows * kMaxDeltaWarps));
+  for (const Mat* m : {&p.k, &p.v, &p.b, &p.a, &p.out}) require_dtype(*m, p.q.dtype, "gated_delta_rule");
+  const int64_t T = p.q.rows;
+  if (T == 0) return;
+  const int W = std::max(4, (DK + kStateRows - 1) / kStateRows);
+  const int R = (DK + W - 1) / W;
+  DeltaArgs a{p.q.data, p.q.ld, p.k.data, p.k.ld, p.v.data, p.v.ld, p.b.data, p.b.ld, p.a.data, p.a.ld,
+              p.a_log, p.a_log_dtype, p.dt_bias, p.dt_bias_dtype, p.out.data, p.out.ld, p.state,
+              p.meta.row, p.meta.slot, T, HK, HV, DK, DV, R};
+  const dim3 grid(unsigned(T), unsigned(HV), unsigned((DV + 31) / 32));
+  const size_t smem = sizeof(float) * (size_t(4 * DK) + size_t(W) * 96 + 4);
+  dispatch(p.q.dtype, "gated_delta_rule", [&](auto* tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    if (smem > 48 * 1024)
+      check(cudaFuncSetAttribute(gated_delta_rule_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "cudaFuncSetAttribute(gated_delta_rule_kernel)");
+    launch("gated_delta_rule_kernel", gated_delta_rule_kernel<E>, grid, dim3(32, unsigned(W)), smem, s, a);
+  });
+}
+
+void launch_gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t s) {
+  require_dtype(p.z, p.x.dtype, "gated_rmsnorm");
+  require_dtype(p.out, p.x.dtype, "gated_rmsnorm");
+  if (p.x.rows == 0 || p.heads == 0) return;
+  NormArgs a{p.x.data, p.x.ld, p.z.data, p.z.ld, p.out.data, p.out.ld, p.weight, p.weight_dtype, p.heads, p.dim, p.eps};
+  const dim3 grid(unsigned(p.x.rows), unsigned((p.heads + kNormWarps - 1) / kNormWarps));
+  dispatch(p.x.dtype, "gated_rmsnorm", [&](auto* tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    launch("gated_rmsnorm_kernel", gated_rmsnorm_kernel<E>, grid, dim3(kNormWarps * 32), 0, s, a);
+  });
+}
+
+}  // namespace ingot::cuda

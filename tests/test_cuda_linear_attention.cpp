@@ -1,0 +1,272 @@
+// Conformance of the CUDA linear-attention ops (causal conv1d, gated delta rule, gated RMSNorm) against
+// the CPU reference: f32/f16/bf16, rows at different slots in one call (a fresh row at slot 0 over a
+// garbage state, rows continuing from a state, a row with fewer tokens than the kernel), in place and
+// out of place, the state carried over several calls, Qwen3.5-9B's head shapes (d_k = d_v = 128,
+// 16/32 heads) and odd ones, and a row outside the call left byte-identical. Inputs are rounded to the
+// tested dtype first so both backends see the same values; states are fp32 on both. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+
+#ifdef INGOT_WITH_CUDA
+namespace ingot {
+namespace {
+
+struct Tol {
+  double atol, rtol;
+};
+
+Tol tol_for(DType dt) {
+  switch (dt) {
+    case DType::F32: return {2e-5, 1e-4};
+    case DType::F16: return {3e-3, 3e-3};
+    default: return {2e-2, 2e-2};
+  }
+}
+// States are fp32 on both backends; they differ only by the order of fp32 sums (and the GPU's
+// contracted multiply-adds), compounded over the tokens of a call.
+constexpr Tol kStateTol{5e-5, 2e-4};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tol t, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (!(d <= t.atol + t.rtol * std::fabs(double(want[i])))) {
+      if (bad++ == 0) first = i;
+    }
+    if (!(d <= worst)) worst = d;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first
+                     << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
+}
+
+// One backend plus the buffers a test placed on it; activations cross as f32 vectors.
+struct Side {
+  Backend& be;
+  DType dt;
+  std::vector<Buffer> keep;
+  void* put(const std::vector<float>& v, DType as) {
+    std::vector<uint8_t> raw(v.size() * dtype_size(as));
+    convert_from_f32(as, v.data(), raw.data(), v.size());
+    keep.emplace_back(be, std::max<size_t>(raw.size(), 1));
+    be.upload(keep.back().get(), raw.data(), raw.size());
+    return keep.back().get();
+  }
+  void* put(const std::vector<float>& v) { return put(v, dt); }
+  float* put_f32(const std::vector<float>& v) { return static_cast<float*>(put(v, DType::F32)); }
+  int32_t* put_i32(const std::vector<int32_t>& v) {
+    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
+    be.upload(keep.back().get(), v.data(), v.size() * 4);
+    return keep.back().as<int32_t>();
+  }
+  std::vector<float> get(const void* p, size_t n, DType as) {
+    std::vector<uint8_t> raw(n * dtype_size(as));
+    be.download(raw.data(), p, raw.size());
+    std::vector<float> out(n);
+    convert_to_f32(as, raw.data(), out.data(), n);
+    return out;
+  }
+  std::vector<float> get(const void* p, size_t n) { return get(p, n, dt); }
+  Mat m(void* p, int64_t rows, int64_t cols, int64_t ld = 0) { return {p, dt, rows, cols, ld ? ld : cols}; }
+};
+
+// Tokens of one row in a call: slots [start, start + len).
+struct Piece {
+  int row, start, len;
+};
+
+struct Meta {
+  std::vector<int32_t> row, slot;
+};
+
+Meta make_meta(const std::vector<Piece>& pieces) {
+  Meta m;
+  for (const Piece& p : pieces)
+    for (int i = 0; i < p.len; ++i) {
+      m.row.push_back(p.row);
+      m.slot.push_back(p.start + i);
+    }
+  return m;
+}
+
+struct Shape {
+  int HK, HV, DK, DV, K, B;
+  int C() const { return 2 * HK * DK + HV * DV; }
+};
+
+class CudaLinearAttention : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend's conformance tests need a GPU";
+    dt_ = GetParam();
+    gpu_be_ = make_cuda_backend(dt_);
+    cpu_be_ = make_cpu_backend(2);
+    gpu_ = std::make_unique<Side>(Side{*gpu_be_, dt_, {}});
+    cpu_ = std::make_unique<Side>(Side{*cpu_be_, DType::F32, {}});
+  }
+  void TearDown() override {
+    gpu_.reset();
+    cpu_.reset();
+  }
+  std::vector<float> rnd(size_t n, float mean = 0.0f, float sd = 1.0f) {
+    std::normal_distribution<float> d(mean, sd);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng_);
+    std::vector<uint8_t> raw(n * dtype_size(dt_));
+    convert_from_f32(dt_, v.data(), raw.data(), n);
+    convert_to_f32(dt_, raw.data(), v.data(), n);
+    return v;
+  }
+  std::string tag(const Shape& s, const std::string& what) const {
+    return std::string(dtype_name(dt_)) + " hk" + std::to_string(s.HK) + " hv" + std::to_string(s.HV) + " dk" +
+           std::to_string(s.DK) + " dv" + std::to_string(s.DV) + ": " + what;
+  }
+
+  // The three ops over a sequence of calls on both backends, comparing every output and both states
+  // after each call. Each op is compared alone: the CPU's delta rule reads the GPU's conv output and its
+  // norm the GPU's delta-rule output (values of the tested dtype), so 16-bit roundings do not compound.
+  // Row `untouched` is never in a call: its GPU state bytes must not change.
+  void run_layer(const Shape& s, const std::vector<std::vector<Piece>>& calls, int untouched) {
+    const int C = s.C(), VD = s.HV * s.DV, QK = s.HK * s.DK;
+    const auto conv_w = rnd(size_t(C * s.K), 0.0f, 0.5f), a_log = rnd(size_t(s.HV), -0.5f, 1.0f),
+               dt_bias = rnd(size_t(s.HV)), norm_w = rnd(size_t(s.DV), 1.0f, 0.2f);
+    // Start from random states (a row whose first call is at slot 0 must ignore them).
+    const auto conv_state = rnd(size_t(s.B * C * (s.K - 1))), state = rnd(size_t(s.B * s.HV * s.DK * s.DV), 0.0f, 0.3f);
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    float* g_cs = g.put_f32(conv_state);
+    float* g_st = g.put_f32(state);
+    float* c_cs = c.put_f32(conv_state);
+    float* c_st = c.put_f32(state);
+    const size_t cs_row = size_t(C * (s.K - 1)), st_row = size_t(s.HV * s.DK * s.DV);
+    for (size_t ci = 0; ci < calls.size(); ++ci) {
+      const Meta meta = make_meta(calls[ci]);
+      const int64_t T = int64_t(meta.row.size());
+      const auto x = rnd(size_t(T * C)), z = rnd(size_t(T * VD));
+      // b and a interleaved in one [T, 2 HV] buffer, read through strided views.
+      const auto ba = rnd(size_t(T * 2 * s.HV), 0.0f, 1.5f);
+      const bool in_place = ci % 2 == 0;
+      const std::string call = "call " + std::to_string(ci) + (in_place ? " (in place)" : " (out of place)");
+      const TokenMeta gm{g.put_i32(meta.row), g.put_i32(meta.slot), nullptr, nullptr};
+      const TokenMeta cm{c.put_i32(meta.row), c.put_i32(meta.slot), nullptr, nullptr};
+
+      // conv1d
+      CausalConv1dParams gc, cc;
+      for (auto [p, sd, tm, st] : {std::tuple{&gc, &g, gm, g_cs}, std::tuple{&cc, &c, cm, c_cs}}) {
+        p->x = sd->m(sd->put(x), T, C);
+        p->out = in_place ? p->x : sd->m(sd->put(std::vector<float>(size_t(T * C), 7.0f)), T, C);
+        p->weight = sd->put(conv_w);
+        p->weight_dtype = sd->dt;
+        p->kernel = s.K;
+        p->state = st;
+        p->meta = tm;
+        sd->be.causal_conv1d(*p);
+      }
+      const auto conv_g = g.get(gc.out.data, size_t(T * C));
+      expect_close(conv_g, c.get(cc.out.data, size_t(T * C)), tol_for(dt_), tag(s, call + " conv"));
+
+      // gated delta rule, q/k/v strided views into the conv output
+      GatedDeltaRuleParams gp, cp;
+      void* c_conv = c.put(conv_g);
+      for (auto [p, sd, tm, st, conv] : {std::tuple{&gp, &g, gm, g_st, gc.out.data}, std::tuple{&cp, &c, cm, c_st, c_conv}}) {
+        auto* base = static_cast<uint8_t*>(conv);
+        const size_t e = dtype_size(sd->dt);
+        p->q = sd->m(base, T, QK, C);
+        p->k = sd->m(base + size_t(QK) * e, T, QK, C);
+        p->v = sd->m(base + size_t(2 * QK) * e, T, VD, C);
+        auto* bap = static_cast<uint8_t*>(sd->put(ba));
+        p->b = sd->m(bap, T, s.HV, 2 * s.HV);
+        p->a = sd->m(bap + size_t(s.HV) * e, T, s.HV, 2 * s.HV);
+        p->a_log = sd->put(a_log, DType::F32);
+        p->a_log_dtype = DType::F32;
+        p->dt_bias = sd->put(dt_bias);
+        p->dt_bias_dtype = sd->dt;
+        p->out = sd->m(sd->put(std::vector<float>(size_t(T * VD), 7.0f)), T, VD);
+        p->k_heads = s.HK, p->v_heads = s.HV, p->d_k = s.DK, p->d_v = s.DV;
+        p->state = st;
+        p->meta = tm;
+        sd->be.gated_delta_rule(*p);
+      }
+      const auto core_g = g.get(gp.out.data, size_t(T * VD));
+      expect_close(core_g, c.get(cp.out.data, size_t(T * VD)), tol_for(dt_), tag(s, call + " delta rule"));
+
+      // gated RMSNorm
+      GatedRmsNormParams gn, cn;
+      void* c_core = c.put(core_g);
+      for (auto [p, sd, xin] : {std::tuple{&gn, &g, gp.out.data}, std::tuple{&cn, &c, c_core}}) {
+        p->x = sd->m(xin, T, VD);
+        p->z = sd->m(sd->put(z), T, VD);
+        p->out = in_place ? p->x : sd->m(sd->put(std::vector<float>(size_t(T * VD), 7.0f)), T, VD);
+        p->weight = sd->put(norm_w);
+        p->weight_dtype = sd->dt;
+        p->heads = s.HV, p->dim = s.DV, p->eps = 1e-6f;
+        sd->be.gated_rmsnorm(*p);
+      }
+      expect_close(g.get(gn.out.data, size_t(T * VD)), c.get(cn.out.data, size_t(T * VD)), tol_for(dt_),
+                   tag(s, call + " gated rmsnorm"));
+
+      const auto gcs = g.get(g_cs, conv_state.size(), DType::F32), ccs = c.get(c_cs, conv_state.size(), DType::F32);
+      const auto gst = g.get(g_st, state.size(), DType::F32), cst = c.get(c_st, state.size(), DType::F32);
+      expect_close(gcs, ccs, {0.0, 0.0}, tag(s, call + " conv state"));
+      expect_close(gst, cst, kStateTol, tag(s, call + " recurrent state"));
+      if (untouched >= 0) {
+        EXPECT_EQ(0, std::memcmp(gcs.data() + untouched * cs_row, conv_state.data() + untouched * cs_row, cs_row * 4))
+            << tag(s, call + " conv state of the untouched row");
+        EXPECT_EQ(0, std::memcmp(gst.data() + untouched * st_row, state.data() + untouched * st_row, st_row * 4))
+            << tag(s, call + " recurrent state of the untouched row");
+      }
+    }
+  }
+
+  DType dt_ = DType::F32;
+  std::mt19937 rng_{11};
+  std::unique_ptr<Backend> gpu_be_, cpu_be_;
+  std::unique_ptr<Side> gpu_, cpu_;
+};
+
+// Rows at different slots: row 2 fresh at slot 0 over a garbage state, row 0 continuing from its state,
+// row 3 a single token at slot 1 (history before slot 0 is zero); row 1 never in a call. Then decode
+// steps of all three in one call, then a prefill chunk beside a decode token.
+std::vector<std::vector<Piece>> mixed_calls() {
+  return {
+      {{2, 0, 9}, {0, 5, 7}, {3, 1, 1}},
+      {{0, 12, 1}, {3, 2, 1}, {2, 9, 1}},
+      {{3, 3, 1}, {0, 13, 40}, {2, 10, 1}},
+      {{2, 11, 1}},
+  };
+}
+
+TEST_P(CudaLinearAttention, SmallShapes) {
+  run_layer({2, 4, 16, 32, 4, 4}, mixed_calls(), 1);  // the qwen3_5_wrapped fixture's heads
+  run_layer({1, 2, 32, 16, 4, 4}, mixed_calls(), 1);  // the qwen3_5_pattern fixture's heads
+  run_layer({3, 6, 48, 40, 3, 4}, mixed_calls(), 1);  // odd sizes: partial column tiles, kernel 3
+}
+
+TEST_P(CudaLinearAttention, Qwen35NineBHeads) {
+  run_layer({16, 32, 128, 128, 4, 4}, mixed_calls(), 1);
+}
+
+TEST_P(CudaLinearAttention, LongRunAndLargeDk) {
+  // A 300-token prefill then decode, and d_k 256 (8 warps per block).
+  run_layer({2, 4, 256, 64, 4, 2}, {{{0, 0, 300}}, {{0, 300, 1}}, {{1, 0, 2}, {0, 301, 1}}}, -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinearAttention, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace ingot
+#else
+TEST(CudaLinearAttention, NotBuilt) { GTEST_SKIP() << "this build has no CUDA backend (nvcc was not found at configure time)"; }
+#endif
