@@ -4,7 +4,8 @@
 // each takes a free slot, is prefilled in chunks under a per-step token budget while the other slots
 // decode, streams its tokens out and gives its slot back the moment it stops.
 //
-// One step() = at most two model calls:
+// One step() = at most two model calls (more only when a forward carries fewer tokens than there are
+// decoding slots):
 //  - every slot past its prompt feeds its last token through Model::decode, the fixed-shape step that
 //    is graph-captured on CUDA and picks on the device (greedy or from the row's sampling state), so
 //    only n token ids come back;
@@ -15,8 +16,9 @@
 // f32 logits and lose the captured graph; both entries run the same ops over per-row metadata, so a
 // request's tokens do not depend on which call carried them (tested on the CPU, bit for bit).
 //
-// A request's output does not depend on what else runs: rows never read each other's cache, the CPU
-// backend reduces each row in a fixed order, and sampling is a counter-based stream per request.
+// On the CPU a request's output does not depend on what else runs: rows never read each other's
+// cache, the backend reduces each row in a fixed order, and sampling is a counter-based stream per
+// request. On the GPU that needs batch-invariant kernels (issue 11, part 3).
 //
 // Threading: one thread calls submit/step/run; any thread may set a request's cancel flag.
 #pragma once
