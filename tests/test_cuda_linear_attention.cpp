@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -16,70 +18,20 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "cuda_test_helpers.h"
 
 #ifdef INGOT_WITH_CUDA
 namespace ingot {
 namespace {
 
-struct Tol {
-  double atol, rtol;
-};
+using test::expect_close;
+using test::Side;
+using test::Tol;
+using test::tol_for;
 
-Tol tol_for(DType dt) {
-  switch (dt) {
-    case DType::F32: return {2e-5, 1e-4};
-    case DType::F16: return {3e-3, 3e-3};
-    default: return {2e-2, 2e-2};
-  }
-}
 // States are fp32 on both backends; they differ only by the order of fp32 sums (and the GPU's
 // contracted multiply-adds), compounded over the tokens of a call.
 constexpr Tol kStateTol{5e-5, 2e-4};
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tol t, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0, first = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    if (!(d <= t.atol + t.rtol * std::fabs(double(want[i])))) {
-      if (bad++ == 0) first = i;
-    }
-    if (!(d <= worst)) worst = d;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first
-                     << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
-}
-
-// One backend plus the buffers a test placed on it; activations cross as f32 vectors.
-struct Side {
-  Backend& be;
-  DType dt;
-  std::vector<Buffer> keep;
-  void* put(const std::vector<float>& v, DType as) {
-    std::vector<uint8_t> raw(v.size() * dtype_size(as));
-    convert_from_f32(as, v.data(), raw.data(), v.size());
-    keep.emplace_back(be, std::max<size_t>(raw.size(), 1));
-    be.upload(keep.back().get(), raw.data(), raw.size());
-    return keep.back().get();
-  }
-  void* put(const std::vector<float>& v) { return put(v, dt); }
-  float* put_f32(const std::vector<float>& v) { return static_cast<float*>(put(v, DType::F32)); }
-  int32_t* put_i32(const std::vector<int32_t>& v) {
-    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
-    be.upload(keep.back().get(), v.data(), v.size() * 4);
-    return keep.back().as<int32_t>();
-  }
-  std::vector<float> get(const void* p, size_t n, DType as) {
-    std::vector<uint8_t> raw(n * dtype_size(as));
-    be.download(raw.data(), p, raw.size());
-    std::vector<float> out(n);
-    convert_to_f32(as, raw.data(), out.data(), n);
-    return out;
-  }
-  std::vector<float> get(const void* p, size_t n) { return get(p, n, dt); }
-  Mat m(void* p, int64_t rows, int64_t cols, int64_t ld = 0) { return {p, dt, rows, cols, ld ? ld : cols}; }
-};
 
 // Tokens of one row in a call: slots [start, start + len).
 struct Piece {
@@ -260,6 +212,66 @@ TEST_P(CudaLinearAttention, Qwen35NineBHeads) {
 TEST_P(CudaLinearAttention, LongRunAndLargeDk) {
   // A 300-token prefill then decode, and d_k 256 (8 warps per block).
   run_layer({2, 4, 256, 64, 4, 2}, {{{0, 0, 300}}, {{0, 300, 1}}, {{1, 0, 2}, {0, 301, 1}}}, -1);
+}
+
+// Timing, not a check (run with --gtest_also_run_disabled_tests): the delta rule on Qwen3.5-9B's heads
+// over 48 layers' states in turn (more than L2), captured in a graph, as decode at batch 1, 8 and 64
+// (GB/s of state read + written), and a 4,096-token single-row prefill call.
+TEST_P(CudaLinearAttention, DISABLED_Timing) {
+  const int HK = 16, HV = 32, DK = 128, DV = 128, L = 48, QK = HK * DK, C = 2 * QK + HV * DV;
+  Side& g = *gpu_;
+  for (int B : {1, 8, 64, -4096}) {
+    const int rows = B > 0 ? B : 1, T = B > 0 ? B : -B;
+    const size_t st_elems = size_t(rows) * HV * DK * DV;
+    std::vector<Buffer> states;
+    for (int l = 0; l < L; ++l) {
+      states.emplace_back(*gpu_be_, st_elems * 4);
+      gpu_be_->fill_zero(states.back().get(), st_elems * 4);
+    }
+    Meta meta;
+    for (int t = 0; t < T; ++t) {
+      meta.row.push_back(B > 0 ? t : 0);
+      meta.slot.push_back(B > 0 ? 5 : t + 1);
+    }
+    const TokenMeta tm{g.put_i32(meta.row), g.put_i32(meta.slot), nullptr, nullptr};
+    auto* conv = static_cast<uint8_t*>(g.put(rnd(size_t(T) * C)));
+    const size_t e = dtype_size(dt_);
+    GatedDeltaRuleParams p;
+    p.q = g.m(conv, T, QK, C);
+    p.k = g.m(conv + QK * e, T, QK, C);
+    p.v = g.m(conv + 2 * QK * e, T, HV * DV, C);
+    auto* ba = static_cast<uint8_t*>(g.put(rnd(size_t(T) * 2 * HV)));
+    p.b = g.m(ba, T, HV, 2 * HV);
+    p.a = g.m(ba + HV * e, T, HV, 2 * HV);
+    p.a_log = g.put(rnd(HV), DType::F32);
+    p.dt_bias = g.put(rnd(HV), DType::F32);
+    p.out = g.m(g.put(std::vector<float>(size_t(T) * HV * DV)), T, HV * DV);
+    p.k_heads = HK, p.v_heads = HV, p.d_k = DK, p.d_v = DV;
+    p.meta = tm;
+    p.rows = rows;
+    const int layers = B > 0 ? L : 4;
+    auto body = [&] {
+      for (int l = 0; l < layers; ++l) {
+        p.state = states[size_t(l)].as<float>();
+        gpu_be_->gated_delta_rule(p);
+      }
+    };
+    body();
+    gpu_be_->synchronize();
+    auto graph = gpu_be_->capture(body);
+    const int reps = B > 0 ? 20 : 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) graph ? graph->replay() : body();
+    gpu_be_->synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                      double(reps * layers);
+    if (B > 0)
+      std::printf("%s decode batch %d: %.2f us per layer call, %.0f GB/s of state (read + write)\n", dtype_name(dt_).data(),
+                  B, us, 2.0 * double(st_elems) * 4 / (us * 1e3));
+    else
+      std::printf("%s prefill %d tokens, one row: %.1f us per layer call, %.0f tokens/s per layer\n",
+                  dtype_name(dt_).data(), T, us, double(T) / (us * 1e-6));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinearAttention, ::testing::Values(DType::F32, DType::F16, DType::BF16),

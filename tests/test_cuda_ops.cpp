@@ -15,74 +15,16 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "cuda_test_helpers.h"
 
 #ifdef INGOT_WITH_CUDA
 namespace ingot {
 namespace {
 
-// One backend plus the buffers a test placed on it; values cross as f32 vectors.
-struct Side {
-  Backend& be;
-  DType dt;
-  std::vector<Buffer> keep;
-  void* put(const std::vector<float>& v) {
-    std::vector<uint8_t> raw(v.size() * dtype_size(dt));
-    convert_from_f32(dt, v.data(), raw.data(), v.size());
-    keep.emplace_back(be, std::max<size_t>(raw.size(), 1));
-    be.upload(keep.back().get(), raw.data(), raw.size());
-    return keep.back().get();
-  }
-  int32_t* put_i32(const std::vector<int32_t>& v) {
-    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
-    be.upload(keep.back().get(), v.data(), v.size() * 4);
-    return keep.back().as<int32_t>();
-  }
-  float* put_f32(const std::vector<float>& v) {
-    keep.emplace_back(be, std::max<size_t>(v.size() * 4, 4));
-    be.upload(keep.back().get(), v.data(), v.size() * 4);
-    return keep.back().as<float>();
-  }
-  std::vector<float> get(const void* p, size_t n) {
-    std::vector<uint8_t> raw(n * dtype_size(dt));
-    be.download(raw.data(), p, raw.size());
-    std::vector<float> out(n);
-    convert_to_f32(dt, raw.data(), out.data(), n);
-    return out;
-  }
-  std::vector<int32_t> get_i32(const int32_t* p, size_t n) {
-    std::vector<int32_t> out(n);
-    be.download(out.data(), p, n * 4);
-    return out;
-  }
-  Mat m(void* p, int64_t rows, int64_t cols, int64_t ld = 0) { return {p, dt, rows, cols, ld ? ld : cols}; }
-};
-
-struct Tol {
-  double atol, rtol;
-};
-
-Tol tol_for(DType dt) {
-  switch (dt) {
-    case DType::F32: return {2e-5, 1e-4};
-    case DType::F16: return {3e-3, 3e-3};
-    default: return {2e-2, 2e-2};
-  }
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tol t, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0, first = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    if (!(d <= t.atol + t.rtol * std::fabs(double(want[i])))) {
-      if (bad++ == 0) first = i;
-    }
-    if (!(d <= worst)) worst = d;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first
-                     << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
-}
+using test::expect_close;
+using test::Side;
+using test::Tol;
+using test::tol_for;
 
 // A cache of `B` rows with every slot random, in either layout.
 struct CacheSpec {

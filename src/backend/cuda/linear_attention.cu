@@ -37,10 +37,12 @@ template <typename T>
 __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(ConvArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t t0 = blockIdx.x;
+  // Flattened grid, the token slowest (the working blocks are dispatched first).
+  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
+  const int64_t t0 = int64_t(blockIdx.x) / cblocks;
   const int32_t r = a.row[t0];
   if (t0 > 0 && a.row[t0 - 1] == r) return;  // not the first token of its row's run
-  const int c = int(blockIdx.y) * kConvThreads + int(threadIdx.x);
+  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
   if (c >= a.channels) return;
   const int K = a.kernel, M = kMaxKernel - 1;
   float w[kMaxKernel], hist[kMaxKernel - 1];
@@ -104,7 +106,8 @@ struct DeltaArgs {
 };
 
 constexpr int kStateRows = 32;  // state rows a thread holds in registers
-constexpr int kMaxDeltaWarps = 16;
+constexpr int kMaxDeltaWarps = 8;
+constexpr int kPrefetch = kStateRows * kMaxDeltaWarps / 32;  // q/k values per lane (d_k <= 256)
 
 // Block (32 lanes, W warps) per (row run, value head, 32 state columns): lane = column j, warp w holds
 // rows [w R, w R + R) of the state's columns in registers for the whole run, so the state is read once
@@ -113,17 +116,21 @@ constexpr int kMaxDeltaWarps = 16;
 // thread forms partial S^T k, S^T q and k.q over its rows, the W partials are summed in warp order, and
 //   u = beta (v - decay S^T k),  o = decay S^T q + u (k.q),  S = decay S + k u
 // (o from the updated state by the identity (decay S + k u)^T q, so a token needs one reduction).
-template <typename T>
-__global__ void __launch_bounds__(kMaxDeltaWarps * 32) gated_delta_rule_kernel(DeltaArgs a) {
+template <typename T, bool kNext>
+__global__ void __launch_bounds__(kMaxDeltaWarps * 32, kNext ? 1 : 3) gated_delta_rule_kernel(DeltaArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t t0 = blockIdx.x;
+  // Flattened grid, the token slowest: the blocks of the first tokens (those that work) are dispatched
+  // first, the exiting ones of a long run after them.
+  const int tiles = (a.d_v + 31) / 32;
+  const int64_t t0 = int64_t(blockIdx.x) / (int64_t(a.v_heads) * tiles);
+  const int rem = int(int64_t(blockIdx.x) % (int64_t(a.v_heads) * tiles));
   const int32_t r = a.row[t0];
   if (t0 > 0 && a.row[t0 - 1] == r) return;  // not the first token of its row's run
-  const int h = blockIdx.y, kh = h / (a.v_heads / a.k_heads);
+  const int h = rem / tiles, kh = h / (a.v_heads / a.k_heads);
   const int lane = threadIdx.x, w = threadIdx.y, W = blockDim.y;
   const int DK = a.d_k, DV = a.d_v, R = a.rows_per_warp;
-  const int j = int(blockIdx.z) * 32 + lane;
+  const int j = (rem % tiles) * 32 + lane;
   const bool col = j < DV;
   extern __shared__ float sm[];
   float* qn = sm;               // [2][DK]
@@ -144,29 +151,82 @@ __global__ void __launch_bounds__(kMaxDeltaWarps * 32) gated_delta_rule_kernel(D
   const float q_scale = 1.0f / sqrtf(float(DK));
   const T* v = static_cast<const T*>(a.v);
   T* out = static_cast<T*>(a.out);
-  int buf = 0;
-  for (int64_t t = t0; t < a.tokens && a.row[t] == r; ++t, buf ^= 1) {
-    if (w < 2) {
-      const T* src = w == 0 ? static_cast<const T*>(a.q) + t * a.q_ld + int64_t(kh) * DK
-                            : static_cast<const T*>(a.k) + t * a.k_ld + int64_t(kh) * DK;
-      float* dst = (w == 0 ? qn : kn) + buf * DK;
-      float ss = 0.f;
-      for (int i = lane; i < DK; i += 32) {
-        const float x = to_f(src[i]);
-        dst[i] = x;
-        ss += x * x;
+  // With kNext, the next token's q/k, v and gate inputs are loaded into registers while the current
+  // one is processed (for long runs; it costs registers, so decode goes without).
+  const int per_lane = (DK + 31) / 32;  // <= kPrefetch
+  float nx[kNext ? kPrefetch : 1];      // warp 0: raw q, warp 1: raw k of the next token
+  float nv = 0.f, nb = 0.f, na = 0.f;
+  auto fetch = [&](int64_t t) {
+    if constexpr (kNext) {
+      if (w < 2) {
+        const T* src = w == 0 ? static_cast<const T*>(a.q) + t * a.q_ld + int64_t(kh) * DK
+                              : static_cast<const T*>(a.k) + t * a.k_ld + int64_t(kh) * DK;
+#pragma unroll
+        for (int m = 0; m < kPrefetch; ++m) {
+          const int i = lane + 32 * m;
+          nx[m] = (m < per_lane && i < DK) ? to_f(src[i]) : 0.f;
+        }
+      } else if (w == 2 && lane == 0) {
+        nb = to_f(static_cast<const T*>(a.b)[t * a.b_ld + h]);
+        na = to_f(static_cast<const T*>(a.a)[t * a.a_ld + h]);
       }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = 1.0f / sqrtf(ss + 1e-6f);
-      for (int i = lane; i < DK; i += 32) dst[i] = w == 0 ? dst[i] * inv * q_scale : dst[i] * inv;
-    } else if (w == 2 && lane == 0) {
-      const float bb = to_f(static_cast<const T*>(a.b)[t * a.b_ld + h]);
-      const float x = to_f(static_cast<const T*>(a.a)[t * a.a_ld + h]) + dtb;
-      const float sp = x > 20.f ? x : log1pf(expf(x));
-      gates[buf * 2] = 1.0f / (1.0f + expf(-bb));
-      gates[buf * 2 + 1] = expf(-A * sp);
+      nv = col ? to_f(v[t * a.v_ld + int64_t(h) * DV + j]) : 0.f;
     }
-    const float vj = col ? to_f(v[t * a.v_ld + int64_t(h) * DV + j]) : 0.f;
+  };
+  fetch(t0);
+  int buf = 0;
+  bool more = true;
+  for (int64_t t = t0; more; ++t, buf ^= 1) {
+    more = t + 1 < a.tokens && a.row[t + 1] == r;  // uniform over the block
+    float vj;
+    if constexpr (kNext) {
+      float cx[kPrefetch];
+#pragma unroll
+      for (int m = 0; m < kPrefetch; ++m) cx[m] = nx[m];
+      vj = nv;
+      const float cb = nb, ca = na;
+      if (more) fetch(t + 1);
+      if (w < 2) {
+        float* dst = (w == 0 ? qn : kn) + buf * DK;
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < kPrefetch; ++m) ss += cx[m] * cx[m];
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float inv = 1.0f / sqrtf(ss + 1e-6f);
+#pragma unroll
+        for (int m = 0; m < kPrefetch; ++m) {
+          const int i = lane + 32 * m;
+          if (m < per_lane && i < DK) dst[i] = w == 0 ? cx[m] * inv * q_scale : cx[m] * inv;
+        }
+      } else if (w == 2 && lane == 0) {
+        const float x = ca + dtb;
+        const float sp = x > 20.f ? x : log1pf(expf(x));
+        gates[buf * 2] = 1.0f / (1.0f + expf(-cb));
+        gates[buf * 2 + 1] = expf(-A * sp);
+      }
+    } else {
+      if (w < 2) {
+        const T* src = w == 0 ? static_cast<const T*>(a.q) + t * a.q_ld + int64_t(kh) * DK
+                              : static_cast<const T*>(a.k) + t * a.k_ld + int64_t(kh) * DK;
+        float* dst = (w == 0 ? qn : kn) + buf * DK;
+        float ss = 0.f;
+        for (int i = lane; i < DK; i += 32) {
+          const float x = to_f(src[i]);
+          dst[i] = x;
+          ss += x * x;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float inv = 1.0f / sqrtf(ss + 1e-6f);
+        for (int i = lane; i < DK; i += 32) dst[i] = w == 0 ? dst[i] * inv * q_scale : dst[i] * inv;
+      } else if (w == 2 && lane == 0) {
+        const float bb = to_f(static_cast<const T*>(a.b)[t * a.b_ld + h]);
+        const float x = to_f(static_cast<const T*>(a.a)[t * a.a_ld + h]) + dtb;
+        const float sp = x > 20.f ? x : log1pf(expf(x));
+        gates[buf * 2] = 1.0f / (1.0f + expf(-bb));
+        gates[buf * 2 + 1] = expf(-A * sp);
+      }
+      vj = col ? to_f(v[t * a.v_ld + int64_t(h) * DV + j]) : 0.f;
+    }
     __syncthreads();
     const float* kq = kn + buf * DK;
     const float* qq = qn + buf * DK;
@@ -266,7 +326,9 @@ void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s) {
   if (T == 0) return;
   ConvArgs a{p.x.data, p.x.ld, p.out.data, p.out.ld, p.weight, p.weight_dtype, p.state, p.meta.row, p.meta.slot,
              T, int(p.x.cols), p.kernel};
-  const dim3 grid(unsigned(T), unsigned((p.x.cols + kConvThreads - 1) / kConvThreads));
+  const int64_t blocks = T * ((p.x.cols + kConvThreads - 1) / kConvThreads);
+  if (blocks > 0x7fffffff) throw Error("cuda backend: causal_conv1d: too many tokens in one call");
+  const dim3 grid{unsigned(blocks)};
   dispatch(p.x.dtype, "causal_conv1d", [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
     launch("causal_conv1d_kernel", causal_conv1d_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
@@ -288,14 +350,19 @@ void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s) {
   DeltaArgs a{p.q.data, p.q.ld, p.k.data, p.k.ld, p.v.data, p.v.ld, p.b.data, p.b.ld, p.a.data, p.a.ld,
               p.a_log, p.a_log_dtype, p.dt_bias, p.dt_bias_dtype, p.out.data, p.out.ld, p.state,
               p.meta.row, p.meta.slot, T, HK, HV, DK, DV, R};
-  const dim3 grid(unsigned(T), unsigned(HV), unsigned((DV + 31) / 32));
-  const size_t smem = sizeof(float) * (size_t(4 * DK) + size_t(W) * 96 + 4);
+  const int64_t blocks = T * HV * ((DV + 31) / 32);
+  if (blocks > 0x7fffffff) throw Error("cuda backend: gated_delta_rule: too many tokens in one call");
+  const size_t smem = sizeof(float) * (size_t(4 * DK) + size_t(W) * 96 + 4);  // < 48 KiB for d_k <= 256
+  // Prefetching the next token pays on long runs only (it costs registers and so blocks per SM).
+  const bool next = p.rows > 0 ? T >= 4 * int64_t(p.rows) : T > 64;
   dispatch(p.q.dtype, "gated_delta_rule", [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    if (smem > 48 * 1024)
-      check(cudaFuncSetAttribute(gated_delta_rule_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "cudaFuncSetAttribute(gated_delta_rule_kernel)");
-    launch("gated_delta_rule_kernel", gated_delta_rule_kernel<E>, grid, dim3(32, unsigned(W)), smem, s, a);
+    if (next)
+      launch("gated_delta_rule_kernel", gated_delta_rule_kernel<E, true>, dim3(unsigned(blocks)), dim3(32, unsigned(W)),
+             smem, s, a);
+    else
+      launch("gated_delta_rule_kernel", gated_delta_rule_kernel<E, false>, dim3(unsigned(blocks)), dim3(32, unsigned(W)),
+             smem, s, a);
   });
 }
 
