@@ -1,6 +1,8 @@
 // `ingot bench`: time to first token, prefill and decode throughput per batch size, on a checkpoint or
-// on random weights of a config.json's shapes. EOS is ignored so every run has the same length. Decode
-// steps take the argmax, or sample on the device when sampling flags are given.
+// on random weights of a config.json's shapes. A batch of B is B concurrent requests through the
+// Generator (the path every command and the server take), so the figures include its scheduling.
+// EOS is ignored so every run has the same length. Decode steps take the argmax, or sample on the
+// device when sampling flags are given.
 #include <unistd.h>
 
 #include <chrono>
@@ -9,11 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/sampling.h"
 #include "common.h"
 #include "core/error.h"
 #include "options.h"
-#include "runtime/generate.h"
+#include "progress.h"
+#include "runtime/generator.h"
 
 namespace ingot::cli {
 
@@ -61,29 +63,23 @@ void add_bench(CLI::App& app) {
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
     // Everything a run will ask for is checked before the engine is built, generated or verified.
-    ModelSpec spec;
-    DType dt;
-    std::optional<EngineFileInfo> info;
-    if (!a->config.empty()) {
-      spec = load_config_file(a->config);
-      dt = a->model.dtype.empty() ? DType::BF16 : parse_dtype(a->model.dtype);
-    } else if (!a->model.engine_path.empty()) {
-      info = inspect_engine(a->model.engine_path);
-      spec = info->spec;
-      dt = info->weight_dtype;
-    } else {
-      spec = load_model_spec(a->model.model_dir);
-      dt = build_dtype(a->model.model_dir, spec,
-                               a->model.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(a->model.dtype)));
-    }
+    LoadSpec ls;
+    ls.model_dir = a->model.model_dir;
+    ls.engine_path = a->model.engine_path;
+    ls.config_path = a->config;
+    ls.random_seed = a->seed;
+    ls.device = a->model.device;
+    ls.dtype = a->model.dtype;
+    ls.threads = a->model.threads;
+    ls.verify = !a->model.no_verify;
+    ProgressBar bar("verifying", a->model.quiet);
+    ls.progress = bar.fn();
+    LoadPlan plan(ls);
     const int64_t slots = State::slots_needed(a->prompt_len, a->new_tokens);
-    if (slots > spec.max_position)
+    if (slots > plan.spec().max_position)
       throw Error("bench: --prompt-len " + std::to_string(a->prompt_len) + " + --max-new-tokens " +
                   std::to_string(a->new_tokens) + " need " + std::to_string(slots) +
-                  " positions, beyond the model's max_position_embeddings of " + std::to_string(spec.max_position));
-    const std::string dev = resolve_device(a->model.device);
-    // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
-    std::unique_ptr<Backend> backend = dev == "cpu" ? make_cpu_backend(a->model.threads) : nullptr;
+                  " positions, beyond the model's max_position_embeddings of " + std::to_string(plan.spec().max_position));
     const std::vector<int> batches = parse_int_list(a->batches);
     if (batches.empty()) throw Error("bench: --batch names no batch size");
     std::vector<RuntimeOptions> runs;
@@ -94,22 +90,12 @@ void add_bench(CLI::App& app) {
       rt.capacity = slots;
       // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
       rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
-      if (info) rt = fit_engine_bounds(*info, rt, false);
-      check_host_memory(spec, dt, rt, !info, backend.get());
-      runs.push_back(rt);
+      runs.push_back(plan.fit(rt));
     }
 
-    EngineSource src;
-    const auto t_load = Clock::now();
-    if (!a->config.empty()) {
-      src.engine = std::make_unique<Engine>(random_engine(spec, dt, a->seed));
-    } else {
-      src = open_engine(a->model);
-    }
-    const Engine* engine = src.engine.get();
-    const double load_s = secs(t_load, Clock::now());  // engine file: map + verify; otherwise the build
-    check_device(src, dev);
-    if (!backend) backend = make_backend(dev, engine->weight_dtype, a->model.threads);
+    Loaded l = Loaded::weights(std::move(plan));  // engine file: map + verify; otherwise the build
+    const Engine* engine = l.engine.get();
+    Backend* backend = l.backend.get();
     const ModelSpec& s = engine->spec;
     nlohmann::json results = nlohmann::json::array();
     const double copy_gbs = backend->copy_bandwidth_gbs();
@@ -120,62 +106,76 @@ void add_bench(CLI::App& app) {
       Model m(*engine, *backend, rt);
       backend->synchronize();
       const double model_init_s = secs(t_model, Clock::now());  // weights onto the device, cache allocated
-      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
-      for (auto& p : prompts)
-        for (int i = 0; i < a->prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
-
-      // Prefill: all rows, as few calls as the workspace allows.
-      std::vector<int32_t> next(static_cast<size_t>(B));
-      auto prefill_all = [&] {
-        for (int r0 = 0; r0 < B;) {
-          Batch b;
-          int64_t tokens = 0;
-          for (; r0 < B && tokens + a->prompt_len <= m.max_tokens(); ++r0, tokens += a->prompt_len)
-            b.rows.push_back(BatchRow{r0, prompts[size_t(r0)], 0, {}, false});
-          if (b.rows.empty()) {  // a prompt longer than the workspace: its row alone, in chunks
-            HostTensor lg = prefill_row(m, r0, prompts[size_t(r0)], 0);
-            next[size_t(r0)] = sampling::argmax_row(lg.as<float>(), s.vocab);
-            ++r0;
-            continue;
-          }
-          HostTensor lg = m.forward(b);
-          for (size_t i = 0; i < b.rows.size(); ++i) {
-            const float* l = lg.as<float>() + int64_t(i) * s.vocab;
-            next[size_t(b.rows[i].row)] = sampling::argmax_row(l, s.vocab);
-          }
-        }
+      Generator gen(m);
+      auto random_prompts = [&] {
+        std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+        for (auto& p : prompts)
+          for (int i = 0; i < a->prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
+        return prompts;
       };
-      std::vector<int> rows(static_cast<size_t>(B));
-      for (int r = 0; r < B; ++r) {
-        rows[size_t(r)] = r;
-        m.set_sampling(r, a->sampling, prompts[size_t(r)]);
-      }
-      // A row without a pick (non-finite logits: sampling::kNoToken) stops the run with the step named,
-      // instead of feeding -1 back as a token.
-      auto step_to = [&](int step) {
-        for (int32_t t : next)
-          if (t == sampling::kNoToken) throw non_finite_logits(step);
-        next = m.decode(rows, next, std::vector<int64_t>(static_cast<size_t>(B), a->prompt_len + step));
+      // B concurrent requests through the Generator, all submitted at once. The prefill phase lasts
+      // until every request has its first token (one forward when the prompts fit the workspace); the
+      // decode phase is the rest, whose tokens all come from decode steps then.
+      struct Timing {
+        double prefill_s = 0, decode_s = 0;
+        int64_t decode_tokens = 0;
+      };
+      auto run = [&](int new_tokens, bool show) {
+        gen.forget_all();  // nothing of an earlier run is reused
+        int firsts = 0;
+        int64_t tokens = 0;
+        std::string failure;
+        for (const std::vector<int32_t>& p : random_prompts()) {
+          Request q;
+          q.prompt = p;
+          q.max_new_tokens = new_tokens;
+          q.sampling = a->sampling;
+          q.on_token = [&](const TokenEvent& e) {
+            firsts += e.index == 0;
+            ++tokens;
+          };
+          // A request without a pick (non-finite logits) stops the run, naming the step.
+          q.on_done = [&](const Completion& c) {
+            if (c.stop == StopReason::Error && failure.empty()) failure = c.error;
+          };
+          gen.submit(std::move(q));
+        }
+        Timing t;
+        const auto t0 = Clock::now();
+        Clock::time_point t1;
+        int64_t tokens_at_t1 = 0;
+        for (int step = 0; gen.step(); ++step) {
+          if (!failure.empty()) break;
+          if (firsts == B && tokens_at_t1 == 0) {
+            backend->synchronize();
+            t1 = Clock::now();
+            tokens_at_t1 = tokens;
+          }
+          if (show && tokens_at_t1) progress("decode", int((tokens - tokens_at_t1) / B), new_tokens - 1);
+        }
+        if (!failure.empty()) {
+          while (gen.step()) {  // the other requests finish; their slots are freed
+          }
+          throw Error(failure);
+        }
+        backend->synchronize();
+        const auto t2 = Clock::now();
+        if (tokens_at_t1 == 0) {  // one new token: the run ended with the prefill
+          t1 = t2;
+          tokens_at_t1 = tokens;
+        }
+        if (show) progress("decode", new_tokens - 1, new_tokens - 1);
+        t.prefill_s = secs(t0, t1);
+        t.decode_s = secs(t1, t2);
+        t.decode_tokens = tokens - tokens_at_t1;
+        return t;
       };
       // Warm-up outside the timings: first launches load kernels, matmul plans are chosen and the
-      // decode graph is captured. The timed prefill then rewrites the same slots.
-      prefill_all();
-      for (int step = 0; step < std::min(2, a->new_tokens - 1); ++step) step_to(step);
-      backend->synchronize();
-
-      auto t0 = Clock::now();
-      prefill_all();
-      backend->synchronize();
-      const double t_prefill = secs(t0, Clock::now());
-
-      auto t1 = Clock::now();
+      // decode graphs are captured.
+      run(std::min(3, a->new_tokens), false);
+      const Timing t = run(a->new_tokens, true);
       const int steps = a->new_tokens - 1;
-      for (int step = 0; step < steps; ++step) {
-        step_to(step);
-        progress("decode", step + 1, steps);
-      }
-      backend->synchronize();
-      const double t_decode = secs(t1, Clock::now());
+      const double decode_tok_s = t.decode_s > 0 ? double(t.decode_tokens) / t.decode_s : 0.0;
       nlohmann::json r = {{"batch", B},
                           {"device", backend->name()},
                           {"dtype", std::string(dtype_name(engine->weight_dtype))},
@@ -186,15 +186,15 @@ void add_bench(CLI::App& app) {
                                         {"top_p", a->sampling.top_p},
                                         {"min_p", a->sampling.min_p},
                                         {"repetition_penalty", a->sampling.repetition_penalty}}},
-                          {"ttft_ms", t_prefill * 1e3},
-                          {"prefill_tok_s", double(B) * a->prompt_len / t_prefill},
-                          {"decode_tok_s_per_seq", steps / t_decode},
-                          {"decode_tok_s", double(B) * steps / t_decode},
+                          {"ttft_ms", t.prefill_s * 1e3},
+                          {"prefill_tok_s", double(B) * a->prompt_len / t.prefill_s},
+                          {"decode_tok_s_per_seq", decode_tok_s / B},
+                          {"decode_tok_s", decode_tok_s},
                           {"weight_bytes", m.weight_bytes()},
                           {"cache_bytes", m.state().bytes()},
                           {"workspace_bytes", m.workspace_bytes()},
                           {"peak_memory_bytes", backend->peak_memory_bytes()},
-                          {"load_s", load_s},
+                          {"load_s", l.load_s},
                           {"model_init_s", model_init_s}};
       // Bytes a decode step must read at least: every weight but the embedding table (one row of it is
       // gathered; when tied it is read in full as the LM head) plus each row's valid KV cache, taken
@@ -206,7 +206,7 @@ void add_bench(CLI::App& app) {
                         double(dtype_size(backend->activation_dtype()));
       const double step_bytes = double(m.weight_bytes()) - embed + kv;
       r["decode_bytes_per_step"] = step_bytes;
-      r["decode_gbs"] = steps > 0 ? step_bytes * steps / t_decode / 1e9 : 0.0;
+      r["decode_gbs"] = t.decode_tokens > 0 ? step_bytes * (double(t.decode_tokens) / B) / t.decode_s / 1e9 : 0.0;
       if (copy_gbs > 0) {
         r["copy_bandwidth_gbs"] = copy_gbs;
         r["bandwidth_pct"] = r["decode_gbs"].get<double>() / copy_gbs * 100.0;
@@ -218,7 +218,7 @@ void add_bench(CLI::App& app) {
                     B, r["ttft_ms"].get<double>(), r["prefill_tok_s"].get<double>(),
                     r["decode_tok_s_per_seq"].get<double>(), r["decode_tok_s"].get<double>(), m.weight_bytes() / 1e6,
                     m.state().bytes() / 1e6, m.workspace_bytes() / 1e6);
-      if (!a->json) std::printf("           load %.3f s, then the model ready in %.3f s\n", load_s, model_init_s);
+      if (!a->json) std::printf("           load %.3f s, then the model ready in %.3f s\n", l.load_s, model_init_s);
       if (!a->json && !a->sampling.greedy())
         std::printf("           decode sampled on the device (temperature %g, top-k %d, top-p %g, min-p %g, "
                     "repetition penalty %g)\n",

@@ -7,8 +7,7 @@
 #include "core/error.h"
 #include "options.h"
 #include "runtime/chat.h"
-#include "runtime/generate.h"
-#include "runtime/session.h"
+#include "runtime/generator.h"
 #include "text_generation.h"
 
 namespace ingot::cli {
@@ -68,28 +67,23 @@ void add_generate(CLI::App& app) {
           a->text.stats);
       return;
     }
+    // Token ids: one line per step, through the same API with the cache sized to the request.
     const int max_new = a->text.max_new;
-    std::vector<int32_t> prompt = parse_ids(a->prompt_ids);
-    RuntimeOptions rt;
+    const std::vector<int32_t> prompt = parse_ids(a->prompt_ids);
     const int64_t need = State::slots_needed(int64_t(prompt.size()), max_new);
     if (a->capacity && need > a->capacity)  // refused before any weights are read
       throw Error("generate: the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new-tokens " +
                   std::to_string(max_new) + " need " + std::to_string(need) + " cache slots, beyond --capacity " +
                   std::to_string(a->capacity));
-    rt.capacity = a->capacity ? a->capacity : need;
-    Loaded l = load_model(a->model, rt);
-    if (std::string w = position_limit_warning(l.engine->spec.max_position, int64_t(prompt.size()), max_new); !w.empty())
-      std::fprintf(stderr, "warning: %s\n", w.c_str());
-    GenerateOptions go;
-    go.max_new_tokens = max_new;
-    go.sampling = a->text.sampling;
-    if (!a->ignore_eos) go.eos_ids = l.engine->spec.eos_ids;
-    const TokenCallback print = [](int step, bool prefill, int32_t tok) {
-      std::printf("step %d %s token %d\n", step, prefill ? "prefill" : "decode", tok);
+    api::Model model = load_text_model(a->model, a->text, a->capacity ? a->capacity : need, false);
+    int step = 0;
+    const api::Result r = model.generate(prompt, generate_config(a->text, a->ignore_eos), [&](int32_t tok, std::string_view) {
+      if (tok < 0) return;  // the closing text event: no token
+      std::printf("step %d %s token %d\n", step, step == 0 ? "prefill" : "decode", tok);
       std::fflush(stdout);
-    };
-    std::vector<int32_t> out = generate_ids(*l.model, prompt, go, print);
-    std::printf("generated %zu tokens\n", out.size());
+      ++step;
+    });
+    std::printf("generated %zu tokens\n", r.token_ids.size());
   });
 }
 

@@ -6,10 +6,6 @@
 #include "options.h"
 #include "progress.h"
 
-#ifdef INGOT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace ingot::cli {
 
 void ModelArgs::add_to(CLI::App& app) {
@@ -25,88 +21,23 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_option("--threads", threads, "CPU threads (default: all cores; at most 4x the hardware threads)");
 }
 
-std::string resolve_device(const std::string& device) {
-  if (device != "auto") return device;
-#ifdef INGOT_WITH_CUDA
-  if (cuda_available()) return "cuda";
-#endif
-  return "cpu";
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads) {
-  if (device == "cpu") return make_cpu_backend(threads);
-#ifdef INGOT_WITH_CUDA
-  if (device == "cuda") return make_cuda_backend(dtype);
-#else
-  (void)dtype;
-  if (device == "cuda") throw Error("this build of ingot has no CUDA backend (nvcc was not found at configure time)");
-#endif
-  throw Error("unknown device '" + device + "'");
-}
-
-EngineSource open_engine(const ModelArgs& a) {
-  if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
-  EngineSource src;
-  if (a.engine_path.empty()) {
-    BuildOptions bo;
-    if (!a.dtype.empty()) bo.dtype = parse_dtype(a.dtype);
-    src.engine = std::make_unique<Engine>(build_engine(a.model_dir, bo));
-    return src;
-  }
-  LoadOptions lo;
-  lo.verify = !a.no_verify;
-  ProgressBar bar("verifying", a.quiet);
-  lo.progress = bar.fn();
-  LoadedEngine le = load_engine(a.engine_path, lo);
-  if (!a.dtype.empty() && parse_dtype(a.dtype) != le.engine.weight_dtype)
-    throw Error(a.engine_path + ": the engine holds " + std::string(dtype_name(le.engine.weight_dtype)) +
-                " weights; --dtype " + a.dtype + " cannot change them (rebuild with `ingot build --dtype " + a.dtype + "`)");
-  src.engine = std::make_unique<Engine>(std::move(le.engine));
-  src.file = std::move(le.info);
-  return src;
-}
-
-RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given) {
-  return src.file ? fit_engine_bounds(*src.file, rt, layout_given) : rt;
-}
-
-void check_before_loading(const ModelArgs& a, const RuntimeOptions& rt, bool layout_given, const Backend* host_backend) {
-  if (!a.engine_path.empty()) {
-    const EngineFileInfo info = inspect_engine(a.engine_path);
-    check_host_memory(info.spec, info.weight_dtype, fit_engine_bounds(info, rt, layout_given), false, host_backend);
-  } else if (!a.model_dir.empty()) {
-    const ModelSpec spec = load_model_spec(a.model_dir);
-    std::optional<DType> dt;
-    if (!a.dtype.empty()) dt = parse_dtype(a.dtype);
-    check_host_memory(spec, build_dtype(a.model_dir, spec, dt), rt, true, host_backend);
-  }
-}
-
-void check_device(const EngineSource& src, const std::string& device) {
-  if (!src.file || device != "cuda") return;
-#ifdef INGOT_WITH_CUDA
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    throw Error("cannot query the compute capability of GPU 0");
-  check_device_capability(*src.file, major, minor);
-#endif
+LoadSpec ModelArgs::load_spec() const {
+  if (model_dir.empty() == engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  LoadSpec s;
+  s.model_dir = model_dir;
+  s.engine_path = engine_path;
+  s.device = device;
+  s.dtype = dtype;
+  s.threads = threads;
+  s.verify = !no_verify;
+  return s;
 }
 
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
-  const std::string dev = resolve_device(a.device);
-  // The CPU backend does not depend on the weights' dtype: made first, its figures join the check.
-  std::unique_ptr<Backend> host_backend = dev == "cpu" ? make_cpu_backend(a.threads) : nullptr;
-  check_before_loading(a, rt, layout_given, host_backend.get());
-  EngineSource src = open_engine(a);
-  rt = fit_engine_bounds(src, rt, layout_given);
-  check_device(src, dev);
-  Loaded l;
-  l.engine = std::move(src.engine);
-  l.engine_file = std::move(src.file);
-  l.backend = host_backend ? std::move(host_backend) : make_backend(dev, l.engine->weight_dtype, a.threads);
-  l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
-  return l;
+  LoadSpec s = a.load_spec();
+  ProgressBar bar("verifying", a.quiet);
+  s.progress = bar.fn();
+  return load(s, rt, layout_given);
 }
 
 std::vector<int32_t> parse_ids(const std::string& csv) {

@@ -2,15 +2,10 @@
 // reach the user.
 #pragma once
 #include <CLI/CLI.hpp>
-#include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
-#include "io/engine_file.h"
-#include "io/engine.h"
-#include "runtime/model.h"
+#include "runtime/loader.h"
 
 namespace ingot::cli {
 
@@ -22,39 +17,15 @@ struct ModelArgs {
   int threads = 0;        // --threads (CPU)
   bool no_verify = false;  // --no-verify: skip the engine file's blob checksums
   bool quiet = false;      // --quiet: no progress bar
-  // Commands that run a model need exactly one of --model / --engine (checked by open_engine).
+  // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
+  // What the runtime's loader needs (no progress callback).
+  LoadSpec load_spec() const;
 };
 
-// The engine a command runs: built from --model, or loaded from --engine (then `file` says what the
-// file stores: bounds, tokenizer, provenance).
-struct EngineSource {
-  std::unique_ptr<Engine> engine;
-  std::optional<EngineFileInfo> file;
-};
-
-// A model ready to run: the engine, the backend and the runtime that binds them.
-struct Loaded {
-  std::unique_ptr<Engine> engine;
-  std::optional<EngineFileInfo> engine_file;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-};
-
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads);
-// Resolves "auto" to cuda when a GPU is usable, else cpu.
-std::string resolve_device(const std::string& device);
-EngineSource open_engine(const ModelArgs& a);
-// With an engine file: the request's capacity and batch, at most the stored bounds (see the library's
-// fit_engine_bounds); with a checkpoint: rt unchanged.
-RuntimeOptions fit_engine_bounds(const EngineSource& src, RuntimeOptions rt, bool layout_given);
-// Before the engine is built or its checksums read: refuses a request beyond an engine file's bounds,
-// or one whose memory the host cannot hold (the weights a checkpoint build converts, and, with a
-// host-memory backend, the Model's cache and workspace). The device is checked by the Model itself.
-void check_before_loading(const ModelArgs& a, const RuntimeOptions& rt, bool layout_given, const Backend* host_backend);
-// Refuses a GPU the engine file was not built for (before any GPU work).
-void check_device(const EngineSource& src, const std::string& device);
+// The run's model through the runtime's loader (runtime/loader.h), with a progress bar over an engine
+// file's checksums.
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = false);
 
 std::vector<int32_t> parse_ids(const std::string& csv);

@@ -1,8 +1,10 @@
 #include "text_generation.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "options.h"
 #include "io/engine_tokenizer.h"
 #include "progress.h"
@@ -41,6 +43,9 @@ tok::Tokenizer load_tokenizer(const ModelArgs& a) {
 
 api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capacity, bool chat) {
   if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  // The API tells a folder from a file by looking; --engine names a file, whatever is there.
+  if (!a.engine_path.empty() && std::filesystem::is_directory(a.engine_path))
+    throw Error(read_error(a.engine_path, EISDIR));
   api::LoadConfig c;
   c.device = a.device;
   c.threads = a.threads;
@@ -57,8 +62,7 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
 api::GenerateConfig generate_config(const TextArgs& t, bool ignore_eos) {
   api::GenerateConfig g;
   g.max_new_tokens = t.max_new;
-  g.sampling = api::Sampling{t.sampling.temperature, t.sampling.top_k, t.sampling.top_p, t.sampling.min_p,
-                             t.sampling.repetition_penalty, t.sampling.seed};
+  g.sampling = t.sampling;
   g.stop = t.stop;
   g.ignore_eos = ignore_eos;
   g.on_warning = [](const std::string& w) { std::fprintf(stderr, "warning: %s\n", w.c_str()); };

@@ -8,14 +8,13 @@
 
 #include "common.h"
 #include "ingot/ingot.h"
-#include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ingot::cli {
 
 struct TextArgs {
   int max_new = 256;
-  SamplingParams sampling;
+  api::Sampling sampling;  // the API's settings: the runtime's are derived from them in one place
   std::vector<std::string> stop;
   std::string system;
   std::string thinking;  // "", "true" or "false"
@@ -27,8 +26,8 @@ struct TextArgs {
 };
 
 tok::Tokenizer load_tokenizer(const ModelArgs& a);
-// The model for text commands, through the public API (include/ingot/ingot.h): --engine as built
-// (capacity 0 = the engine's), or --model with `capacity` cache slots. With `chat`, a model without a
+// The model for generation (text or token ids), through the public API (include/ingot/ingot.h):
+// --engine as built (capacity 0 = the engine's), or --model with `capacity` cache slots. With `chat`, a model without a
 // chat template (its own or t.chat_template) is refused before its weights are read.
 api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capacity, bool chat);
 // Warnings (a request past max_position_embeddings) go to stderr as "warning: ..." lines.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,5 +76,29 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first
                      << " (got " << got[first] << ", want " << want[first] << "), max |diff| " << worst;
 }
+
+#ifdef INGOT_WITH_CUDA
+// A conformance fixture over one dtype: the CUDA backend in that dtype beside the f32 CPU reference,
+// each with its Side; skips without a GPU.
+class CudaVsCpu : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend's conformance tests need a GPU";
+    dt_ = GetParam();
+    gpu_be_ = make_cuda_backend(dt_);
+    cpu_be_ = make_cpu_backend(2);
+    gpu_ = std::make_unique<Side>(Side{*gpu_be_, dt_, {}});
+    cpu_ = std::make_unique<Side>(Side{*cpu_be_, DType::F32, {}});
+  }
+  void TearDown() override {
+    gpu_.reset();
+    cpu_.reset();
+  }
+
+  DType dt_ = DType::F32;
+  std::unique_ptr<Backend> gpu_be_, cpu_be_;
+  std::unique_ptr<Side> gpu_, cpu_;
+};
+#endif
 
 }  // namespace ingot::test

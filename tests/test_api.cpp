@@ -9,7 +9,7 @@
 
 #include "ingot/ingot.h"
 #include "io/engine_file.h"
-#include "runtime/generate.h"
+#include "runtime/generator.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -124,9 +124,10 @@ TEST(Api, GenerationMatchesTheRuntimeAndStreamsTokenByToken) {
   RuntimeOptions rt;
   rt.capacity = 64;
   Model m(eng, *be, rt);
-  GenerateOptions go;
-  go.max_new_tokens = 10;
-  const std::vector<int32_t> want = generate_ids(m, prompt, go);
+  Request q;
+  q.prompt = prompt;
+  q.max_new_tokens = 10;
+  const std::vector<int32_t> want = Generator(m).generate(std::move(q)).ids;
 
   for (const std::string& path : {f.folder, f.engine}) {
     api::Model am = api::Model::load(path, cpu());

@@ -57,20 +57,8 @@ struct Shape {
   int C() const { return 2 * HK * DK + HV * DV; }
 };
 
-class CudaLinearAttention : public ::testing::TestWithParam<DType> {
+class CudaLinearAttention : public test::CudaVsCpu {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend's conformance tests need a GPU";
-    dt_ = GetParam();
-    gpu_be_ = make_cuda_backend(dt_);
-    cpu_be_ = make_cpu_backend(2);
-    gpu_ = std::make_unique<Side>(Side{*gpu_be_, dt_, {}});
-    cpu_ = std::make_unique<Side>(Side{*cpu_be_, DType::F32, {}});
-  }
-  void TearDown() override {
-    gpu_.reset();
-    cpu_.reset();
-  }
   std::vector<float> rnd(size_t n, float mean = 0.0f, float sd = 1.0f) {
     std::normal_distribution<float> d(mean, sd);
     std::vector<float> v(n);
@@ -181,10 +169,7 @@ class CudaLinearAttention : public ::testing::TestWithParam<DType> {
     }
   }
 
-  DType dt_ = DType::F32;
   std::mt19937 rng_{11};
-  std::unique_ptr<Backend> gpu_be_, cpu_be_;
-  std::unique_ptr<Side> gpu_, cpu_;
 };
 
 // Rows at different slots: row 2 fresh at slot 0 over a garbage state, row 0 continuing from its state,

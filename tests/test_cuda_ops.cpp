@@ -69,20 +69,8 @@ TokenMeta put_meta(Side& s, const Meta& m) {
   return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len)};
 }
 
-class CudaOps : public ::testing::TestWithParam<DType> {
+class CudaOps : public test::CudaVsCpu {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend's conformance tests need a GPU";
-    dt_ = GetParam();
-    gpu_be_ = make_cuda_backend(dt_);
-    cpu_be_ = make_cpu_backend(2);
-    gpu_ = std::make_unique<Side>(Side{*gpu_be_, dt_, {}});
-    cpu_ = std::make_unique<Side>(Side{*cpu_be_, DType::F32, {}});
-  }
-  void TearDown() override {
-    gpu_.reset();
-    cpu_.reset();
-  }
   // Normal values rounded to the tested dtype.
   std::vector<float> rnd(size_t n, float scale = 1.0f) {
     std::normal_distribution<float> d(0.0f, scale);
@@ -135,10 +123,7 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     return r;
   }
 
-  DType dt_ = DType::F32;
   std::mt19937 rng_{42};
-  std::unique_ptr<Backend> gpu_be_, cpu_be_;
-  std::unique_ptr<Side> gpu_, cpu_;
 };
 
 TEST_P(CudaOps, Embedding) {

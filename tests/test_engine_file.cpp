@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "io/engine_file.h"
-#include "runtime/generate.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "test_helpers.h"
 
@@ -238,10 +238,14 @@ TEST(EngineBounds, RequestsBeyondTheStoredBoundsFailAsBeforeSaving) {
     EXPECT_FALSE(m1.empty());
     EXPECT_EQ(m1, m2);
   }
-  GenerateOptions go;
-  go.max_new_tokens = 8;
-  const std::string g1 = error_of([&] { generate_ids(before, seq(10, 2), go); });
-  const std::string g2 = error_of([&] { generate_ids(after, seq(10, 2), go); });
+  auto request = [] {
+    Request q;
+    q.prompt = seq(10, 2);
+    q.max_new_tokens = 8;
+    return q;
+  };
+  const std::string g1 = error_of([&] { Generator(before).generate(request()); });
+  const std::string g2 = error_of([&] { Generator(after).generate(request()); });
   EXPECT_NE(g1.find("capacity is 16"), std::string::npos) << g1;
   EXPECT_EQ(g1, g2);
 }

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "backend/backend.h"
-#include "runtime/generate.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "test_helpers.h"
 
@@ -48,14 +48,18 @@ TEST(KvCache, CapacityBoundaryIsExact) {
   RuntimeOptions rt;
   rt.capacity = 20;
   Model m(f.eng, *f.be, rt);
-  GenerateOptions go;
+  Generator g(m);
+  auto request = [](std::vector<int32_t> prompt, int max_new) {
+    Request q;
+    q.prompt = std::move(prompt);
+    q.max_new_tokens = max_new;
+    return q;
+  };
   // prompt 12 + 9 new - 1 = 20 slots: exactly full is accepted.
-  go.max_new_tokens = 9;
-  EXPECT_EQ(generate_ids(m, seq(12), go).size(), 9u);
+  EXPECT_EQ(g.generate(request(seq(12), 9)).ids.size(), 9u);
   // One more token needs 21 slots: rejected before any compute, cache untouched.
   const std::vector<uint8_t> before = m.state().read_row(0);
-  go.max_new_tokens = 10;
-  test::expect_error([&] { generate_ids(m, seq(12, 7), go); }, {"21 cache slots", "capacity is 20"});
+  test::expect_error([&] { g.generate(request(seq(12, 7), 10)); }, {"21 cache slots", "capacity is 20"});
   EXPECT_EQ(m.state().read_row(0), before);
   // The same rule at the forward level.
   EXPECT_NO_THROW(m.forward(Batch{{BatchRow{0, seq(4), 16, {}, false}}}));

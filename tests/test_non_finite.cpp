@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "backend/backend.h"
-#include "runtime/generate.h"
-#include "runtime/session.h"
+#include "runtime/generator.h"
+#include "runtime/text_decoder.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -32,9 +32,10 @@ class NonFinite : public ::testing::Test {
     RuntimeOptions rt;
     rt.capacity = 64;
     Model m(*eng, *be, rt);  // the CPU backend uses the engine's weights in place
-    GenerateOptions go;
-    go.max_new_tokens = max_new;
-    return generate_ids(m, prompt, go);
+    Request q;
+    q.prompt = prompt;
+    q.max_new_tokens = max_new;
+    return Generator(m).generate(std::move(q)).ids;
   }
   void poison_embedding_row(int32_t id) {
     HostTensor& emb = eng->weights.at("tok_embeddings");
@@ -59,40 +60,44 @@ TEST_F(NonFinite, DecodeLogitsStopGenerationAtTheirStep) {
   test::expect_error([&] { run(3); }, {"non-finite logits", "decode step 1"});
 }
 
-// The text session, greedy and sampling (the host Sampler picks the first token, the device the rest).
+// Text generation, greedy and sampling (the host Sampler picks the first token, the device the rest).
 // Only its stream decoder reads the tokenizer: any tokenizer covering the fixture's 512 ids will do.
-TEST_F(NonFinite, SessionStopsWithTheStep) {
+TEST_F(NonFinite, TextGenerationStopsWithTheStep) {
   if (!std::filesystem::exists(tokenizer_dir() + "/tokenizer.json"))
     GTEST_SKIP() << "Llama 2 tokenizer not fetched (run scripts/fetch-tokenizers; make test does)";
   const tok::Tokenizer tk = tok::Tokenizer::from_file(tokenizer_dir() + "/tokenizer.json");
   for (float temperature : {0.0f, 0.8f}) {
     SCOPED_TRACE(temperature);
     fresh();
-    TextRequest req;
-    req.prompt_ids = prompt;
-    req.max_new_tokens = 4;
-    req.sampling.temperature = temperature;
-    req.sampling.seed = 3;
+    auto req = [&] {
+      Request q;
+      q.prompt = prompt;
+      q.max_new_tokens = 4;
+      q.sampling.temperature = temperature;
+      q.sampling.seed = 3;
+      q.text = text_decoder(tk);
+      return q;
+    };
     RuntimeOptions rt;
     rt.capacity = 64;
     int32_t first = 0;
     {
       Model m(*eng, *be, rt);
-      Session s(m, tk);
-      first = s.generate(req).ids.at(0);
+      first = Generator(m).generate(req()).ids.at(0);
     }
     // The prefill must stay clean: the token may not be one of the prompt's.
     ASSERT_EQ(std::count(prompt.begin(), prompt.end(), first), 0) << first;
     poison_embedding_row(first);
     {
       Model m(*eng, *be, rt);
-      Session s(m, tk);
-      test::expect_error([&] { s.generate(req); }, {"non-finite logits", "decode step 1"});
+      Generator g(m);
+      test::expect_error([&] { g.generate(req()); }, {"non-finite logits", "decode step 1"});
+      EXPECT_EQ(g.busy_slots(), 0);  // the failed request gave its slot back
     }
     eng->weights.at("final_norm").as<float>()[0] = NAN;
     Model m(*eng, *be, rt);
-    Session s(m, tk);
-    test::expect_error([&] { s.generate(req); }, {"non-finite logits", "decode step 0"});
+    Generator g(m);
+    test::expect_error([&] { g.generate(req()); }, {"non-finite logits", "decode step 0"});
   }
 }
 

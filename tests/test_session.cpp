@@ -1,13 +1,15 @@
-// Text generation end to end on the shipped demo model (models/demo + the Llama 2 tokenizer from the
-// npm cache): greedy text equals what transformers generated for the same weights, sampling is
-// reproducible by seed, stop strings cut the text, and a follow-up turn reuses the cached prefix.
+// Text generation end to end through the Generator on the shipped demo model (models/demo + the
+// Llama 2 tokenizer from the npm cache): greedy text equals what transformers generated for the same
+// weights, sampling is reproducible by seed, stop strings cut the text, and a follow-up turn reuses
+// the cached prefix (what the Session these tests were written for did).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <set>
 
 #include "backend/backend.h"
-#include "runtime/session.h"
+#include "runtime/generator.h"
+#include "runtime/text_decoder.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -31,12 +33,27 @@ class DemoModel : public ::testing::Test {
     rt.capacity = 256;
     model = std::make_unique<Model>(*eng, *be, rt);
   }
-  TextRequest request(const std::string& prompt, int max_new = 60) {
-    TextRequest r;
-    r.prompt_ids = tk->encode(prompt, true);
+  Request request(const std::string& prompt, int max_new = 60) {
+    Request r;
+    r.prompt = tk->encode(prompt, true);
     r.max_new_tokens = max_new;
     r.eos_ids = {2};
+    r.text = text_decoder(*tk);
     return r;
+  }
+  // The same request again (a Request owns its text decoder, so it is not copied).
+  Request again(const Request& r) {
+    Request c;
+    c.prompt = r.prompt;
+    c.max_new_tokens = r.max_new_tokens;
+    c.sampling = r.sampling;
+    c.eos_ids = r.eos_ids;
+    c.stop = r.stop;
+    c.text = text_decoder(*tk);
+    return c;
+  }
+  static std::function<void(const TokenEvent&)> collect(std::string& into) {
+    return [&into](const TokenEvent& e) { into += e.text; };
   }
   std::unique_ptr<tok::Tokenizer> tk;
   std::unique_ptr<Engine> eng;
@@ -49,61 +66,65 @@ TEST_F(DemoModel, GreedyTextEqualsTransformers) {
   const std::string expected =
       "there was a brown dog. The dog was very happy. The dog ran to the hill and came back. The dog went to the "
       "river with Ella. Ella was happy.";
-  Session s(*model, *tk);
+  Generator g(*model);
   std::string streamed;
-  TextResult r = s.generate(request("Once upon a time,"), [&](std::string_view p) { streamed += p; });
+  Request req = request("Once upon a time,");
+  req.on_token = collect(streamed);
+  Completion r = g.generate(std::move(req));
   EXPECT_EQ(r.text, expected);
   EXPECT_EQ(streamed, r.text);
-  EXPECT_EQ(r.stop_reason, "eos");
+  EXPECT_EQ(r.stop, StopReason::Eos);
 }
 
 TEST_F(DemoModel, SamplingIsReproducibleBySeed) {
-  TextRequest req = request("Tom had a");
+  Request req = request("Tom had a");
   req.sampling.temperature = 0.9f;
   req.sampling.top_p = 0.95f;
   req.sampling.seed = 11;
-  Session a(*model, *tk), b(*model, *tk);
-  std::string first = a.generate(req).text;
-  EXPECT_EQ(first, b.generate(req).text);
+  Generator a(*model), b(*model);
+  std::string first = a.generate(again(req)).text;
+  EXPECT_EQ(first, b.generate(again(req)).text);
   std::set<std::string> seen;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     req.sampling.seed = seed;
-    Session c(*model, *tk);
-    seen.insert(c.generate(req).text);
+    Generator c(*model);
+    seen.insert(c.generate(again(req)).text);
   }
   EXPECT_GT(seen.size(), 1u);  // the seed reaches the sampler
 }
 
 TEST_F(DemoModel, StopStringCutsTheText) {
-  TextRequest req = request("Once upon a time,");
-  req.stop_strings = {"happy"};
-  Session s(*model, *tk);
+  Request req = request("Once upon a time,");
+  req.stop = {"happy"};
+  Generator g(*model);
   std::string streamed;
-  TextResult r = s.generate(req, [&](std::string_view p) { streamed += p; });
+  req.on_token = collect(streamed);
+  Completion r = g.generate(std::move(req));
   EXPECT_EQ(r.text, "there was a brown dog. The dog was very ");
   EXPECT_EQ(streamed, r.text);
-  EXPECT_EQ(r.stop_reason, "stop_string");
+  EXPECT_EQ(r.stop, StopReason::StopString);
 }
 
 TEST_F(DemoModel, FollowUpReusesTheCachedPrefix) {
-  Session s(*model, *tk);
-  TextRequest first = request("Once upon a time,", 12);
-  TextResult r1 = s.generate(first);
-  TextRequest second = first;
-  second.prompt_ids.insert(second.prompt_ids.end(), r1.ids.begin(), r1.ids.end());
-  for (int32_t t : tk->encode(" Then", false)) second.prompt_ids.push_back(t);
+  Generator g(*model);
+  Request first = request("Once upon a time,", 12);
+  const size_t first_len = first.prompt.size();
+  Completion r1 = g.generate(again(first));
+  Request second = again(first);
+  second.prompt.insert(second.prompt.end(), r1.ids.begin(), r1.ids.end());
+  for (int32_t t : tk->encode(" Then", false)) second.prompt.push_back(t);
   second.max_new_tokens = 20;
-  TextResult r2 = s.generate(second);
-  EXPECT_LT(r2.prefilled_tokens, r2.prompt_tokens);
-  EXPECT_EQ(r2.prefilled_tokens, int64_t(second.prompt_ids.size() - first.prompt_ids.size() - r1.ids.size() + 1));
-  Session fresh(*model, *tk);
-  EXPECT_EQ(fresh.generate(second).ids, r2.ids);  // same answer as computing everything again
+  Completion r2 = g.generate(again(second));
+  EXPECT_LT(r2.computed_prompt_tokens, r2.prompt_tokens);
+  EXPECT_EQ(r2.computed_prompt_tokens, int64_t(second.prompt.size() - first_len - r1.ids.size() + 1));
+  Generator fresh(*model);
+  EXPECT_EQ(fresh.generate(std::move(second)).ids, r2.ids);  // same answer as computing everything again
 }
 
 TEST_F(DemoModel, OversizedRequestFailsBeforeCompute) {
-  Session s(*model, *tk);
-  TextRequest req = request("Once upon a time,", 300);
-  test::expect_error([&] { s.generate(req); }, {"capacity is 256"});
+  Generator g(*model);
+  test::expect_error([&] { g.submit(request("Once upon a time,", 300)); }, {"capacity is 256"});
+  EXPECT_TRUE(g.idle());
 }
 
 TEST(PositionLimit, WarnsOnlyPastMaxPositionEmbeddingsNamingBothFigures) {

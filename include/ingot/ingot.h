@@ -92,6 +92,8 @@ class Model {
   ~Model();
 
   Result generate(std::string_view prompt, const GenerateConfig& config = {}, const OnToken& on_token = {});
+  // From token ids. A model without a tokenizer generates ids only (the text stays empty, and stop
+  // strings are refused).
   Result generate(const std::vector<int32_t>& prompt_ids, const GenerateConfig& config = {},
                   const OnToken& on_token = {});
   // Renders the messages with the chat template (LoadConfig::chat_template_file, else the model's) and

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "runtime/generate.h"
+#include "runtime/generator.h"
 
 namespace ingot {
 
@@ -257,10 +257,12 @@ std::vector<CaseResult> run_reference_check(Model& m, const Reference& ref, cons
   for (int64_t n = 0; n < N; ++n) {
     const int64_t* g = ref.greedy_ids.as<int64_t>() + n * (P + G);
     std::vector<int32_t> prompt(g, g + P);
-    GenerateOptions go;
-    go.max_new_tokens = int(G);
-    go.row = int(n);
-    std::vector<int32_t> ids = generate_ids(m, prompt, go);
+    Request q;
+    q.prompt = prompt;
+    q.max_new_tokens = int(G);
+    q.slot = int(n);
+    // A generator per case: the margins below rewrite the row behind its back.
+    std::vector<int32_t> ids = Generator(m).generate(std::move(q)).ids;
     std::vector<double> margin(size_t(G), INFINITY);
     if (o.tol.tie_margin > 0 && !ref.greedy_margin.shape().empty()) {
       for (int64_t i = 0; i < G; ++i) margin[size_t(i)] = ref.greedy_margin.as<float>()[n * G + i];

@@ -1,0 +1,380 @@
+#include "runtime/generator.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "backend/sampling.h"
+
+namespace ingot {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Releases streamed text while holding back any tail that could still become a stop string.
+class StopFilter {
+ public:
+  explicit StopFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Returns the text safe to emit; sets hit when a stop string completed (text before it is emitted).
+  std::string push(const std::string& piece, bool& hit) {
+    pending_ += piece;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops_) {
+      if (s.empty()) continue;
+      size_t at = pending_.find(s);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      hit = true;
+      std::string out = pending_.substr(0, cut);
+      pending_.clear();
+      return out;
+    }
+    size_t hold = 0;  // longest suffix of pending_ that is a proper prefix of a stop string
+    for (const std::string& s : stops_)
+      for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); k > hold; --k)
+        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+    std::string out = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return out;
+  }
+  std::string flush() { return std::exchange(pending_, {}); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+};
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+}  // namespace
+
+std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens) {
+  const int64_t positions = State::slots_needed(prompt_len, max_new_tokens);  // the last token is never fed back
+  if (positions <= max_position) return "";
+  return "the prompt (" + std::to_string(prompt_len) + " tokens) and up to " + std::to_string(max_new_tokens) +
+         " new tokens use " + std::to_string(positions) + " positions, more than the model's max_position_embeddings (" +
+         std::to_string(max_position) + "): text past position " + std::to_string(max_position) + " may degrade";
+}
+
+Error non_finite_logits(int index) {
+  return Error("non-finite logits (NaN or infinity) at decode step " + std::to_string(index) +
+               ": the model's activations overflow or its weights are broken, so no token can be picked; "
+               "generation stopped");
+}
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::Eos: return "eos";
+    case StopReason::StopString: return "stop_string";
+    case StopReason::Length: return "length";
+    case StopReason::Capacity: return "capacity";
+    case StopReason::Cancelled: return "cancelled";
+    case StopReason::Error: return "error";
+  }
+  return "?";
+}
+
+struct Generator::Active {
+  Active(RequestId id, Request r) : req(std::move(r)), stop(req.stop) { out.id = id; }
+  Request req;
+  Completion out;
+  StopFilter stop;
+  Clock::time_point t_submit = Clock::now(), t_first;
+  int max_new = 0;      // max_new_tokens, or what the cache holds under fit_capacity
+  bool capped = false;  // max_new was cut to the cache: reaching it stops with Capacity
+  size_t prefilled = 0;  // prompt tokens whose K/V are in the slot
+  int32_t pending = -1;  // the last generated token, fed by the next decode step (-1: still prefilling)
+  bool done = false;
+  bool cancelled() const { return req.cancel && req.cancel->load(std::memory_order_relaxed); }
+};
+
+Generator::Generator(Model& m, GeneratorOptions o) : m_(m), opt_(o), slots_(size_t(m.state().max_batch())) {
+  if (opt_.prefill_budget < 0) throw Error("generator: the prefill budget must be >= 0");
+}
+
+Generator::~Generator() = default;
+
+RequestId Generator::submit(Request r) {
+  const int64_t len = int64_t(r.prompt.size());
+  if (len < 1) throw Error("generate: the prompt is empty");
+  if (r.max_new_tokens < 1) throw Error("generate: max_new_tokens must be at least 1");
+  for (int32_t id : r.prompt)
+    if (id < 0 || id >= m_.spec().vocab)
+      throw Error("generate: prompt token id " + std::to_string(id) + " is outside the vocabulary of " +
+                  std::to_string(m_.spec().vocab));
+  r.sampling.validate();
+  if (!r.stop.empty() && !r.text) throw Error("generate: stop strings need the request's text (a tokenizer)");
+  if (r.slot < -1 || r.slot >= slots())
+    throw Error("generate: slot " + std::to_string(r.slot) + " is outside [0, " + std::to_string(slots()) + ")");
+  const int64_t room = m_.state().max_new_tokens(len);  // new tokens the cache holds after this prompt
+  int max_new = r.max_new_tokens;
+  bool capped = false;
+  if (r.fit_capacity && max_new > room) {
+    max_new = int(std::max<int64_t>(room, 0));
+    capped = true;
+  } else {
+    m_.state().check_request(len, max_new);
+  }
+  if (r.on_warning && max_new > 0)
+    if (std::string w = position_limit_warning(m_.spec().max_position, len, max_new); !w.empty()) r.on_warning(w);
+  const RequestId id = next_id_++;
+  auto a = std::make_unique<Active>(id, std::move(r));
+  a->max_new = max_new;
+  a->capped = capped;
+  a->out.prompt_tokens = len;
+  queue_.push_back(std::move(a));
+  return id;
+}
+
+void Generator::cancel(RequestId id) {
+  auto mark = [&](Active& a) {
+    if (!a.req.cancel) a.req.cancel = std::make_shared<std::atomic<bool>>(false);
+    a.req.cancel->store(true);
+  };
+  for (auto& a : queue_)
+    if (a->out.id == id) mark(*a);
+  for (Slot& s : slots_)
+    if (s.req && s.req->out.id == id) mark(*s.req);
+}
+
+void Generator::forget(int slot) {
+  if (slot < 0 || slot >= slots()) throw Error("generator: slot " + std::to_string(slot) + " does not exist");
+  if (slots_[size_t(slot)].req) throw Error("generator: slot " + std::to_string(slot) + " is busy");
+  slots_[size_t(slot)].cached.clear();
+}
+
+void Generator::forget_all() {
+  for (int s = 0; s < slots(); ++s) forget(s);
+}
+
+int Generator::choose_slot(const Request& r) const {
+  if (r.slot >= 0) return slots_[size_t(r.slot)].req ? -1 : r.slot;
+  int best = -1;
+  size_t best_keep = 0;
+  for (int s = 0; s < slots(); ++s) {
+    const Slot& sl = slots_[size_t(s)];
+    if (sl.req) continue;
+    const size_t keep = common_prefix(sl.cached, r.prompt);
+    if (best < 0 || keep > best_keep || (keep == best_keep && sl.last_used < slots_[size_t(best)].last_used)) {
+      best = s;
+      best_keep = keep;
+    }
+  }
+  return best;
+}
+
+void Generator::admit() {
+  std::vector<std::unique_ptr<Active>> gone;  // told after the loop: their on_done may submit
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Active& a = **it;
+    if (a.cancelled() || a.max_new == 0) {  // nothing to compute: done without a slot
+      finish(a, a.cancelled() ? StopReason::Cancelled : StopReason::Capacity);
+      gone.push_back(std::move(*it));
+      it = queue_.erase(it);
+      continue;
+    }
+    const int s = choose_slot(a.req);
+    if (s < 0) {
+      ++it;
+      continue;
+    }
+    Slot& sl = slots_[size_t(s)];
+    // Reuse the cached prefix; at least the last prompt token is recomputed, for its logits.
+    const size_t keep = std::min(common_prefix(sl.cached, a.req.prompt), a.req.prompt.size() - 1);
+    sl.cached.resize(keep);
+    sl.last_used = ++stamp_;
+    a.prefilled = keep;
+    a.out.slot = s;
+    a.out.computed_prompt_tokens = int64_t(a.req.prompt.size() - keep);
+    sl.req = std::move(*it);
+    it = queue_.erase(it);
+    ++busy_;
+  }
+  for (auto& a : gone)
+    if (a->req.on_done) a->req.on_done(a->out);
+}
+
+void Generator::finish(Active& a, StopReason why, const std::string& error) {
+  if (a.done) return;
+  a.done = true;
+  a.out.stop = why;
+  a.out.error = error;
+  if (!a.out.ids.empty()) a.out.decode_s = secs(a.t_first, Clock::now());
+  // Text held back (an unfinished character, a possible stop string) is released, except after a
+  // stop string (it was cut) or a failure (the callbacks may be what failed).
+  if (a.req.text && why != StopReason::StopString && why != StopReason::Error) {
+    bool hit = false;
+    std::string rest = a.stop.push(a.req.text->flush(), hit);
+    rest += a.stop.flush();
+    if (!rest.empty()) {
+      a.out.text += rest;
+      if (a.req.on_token) a.req.on_token(TokenEvent{-1, rest, int(a.out.ids.size())});
+    }
+  }
+}
+
+void Generator::accept(Active& a, int32_t tok) {
+  const int index = int(a.out.ids.size());
+  if (tok == sampling::kNoToken) return finish(a, StopReason::Error, non_finite_logits(index).what());
+  if (index == 0) {
+    a.t_first = Clock::now();
+    a.out.ttft_s = secs(a.t_submit, a.t_first);
+  }
+  a.out.ids.push_back(tok);
+  try {
+    if (std::find(a.req.eos_ids.begin(), a.req.eos_ids.end(), tok) != a.req.eos_ids.end()) {
+      if (a.req.on_token) a.req.on_token(TokenEvent{tok, {}, index});
+      return finish(a, StopReason::Eos);
+    }
+    bool hit = false;
+    std::string piece;
+    if (a.req.text) piece = a.stop.push(a.req.text->push(tok), hit);
+    a.out.text += piece;
+    if (a.req.on_token) a.req.on_token(TokenEvent{tok, piece, index});
+    if (hit) return finish(a, StopReason::StopString);
+    if (int(a.out.ids.size()) >= a.max_new) return finish(a, a.capped ? StopReason::Capacity : StopReason::Length);
+    a.pending = tok;
+  } catch (const std::exception& e) {  // a callback or the text layer failed: this request stops
+    finish(a, StopReason::Error, e.what());
+  }
+}
+
+void Generator::fail_all(const std::vector<int>& slots, const std::exception& e) {
+  for (int s : slots) finish(*slots_[size_t(s)].req, StopReason::Error, e.what());
+}
+
+void Generator::decode_rows() {
+  std::vector<int> rows;
+  std::vector<int32_t> tokens;  // [n] each row's last token, written at its next slot
+  std::vector<int64_t> at;      // [n]
+  for (int s = 0; s < slots(); ++s) {
+    const Active* a = slots_[size_t(s)].req.get();
+    if (!a || a->done || a->pending < 0) continue;
+    rows.push_back(s);
+    tokens.push_back(a->pending);
+    at.push_back(int64_t(slots_[size_t(s)].cached.size()));
+  }
+  stats_.decode_rows = int(rows.size());
+  // One call, unless the workspace carries fewer tokens than there are rows.
+  const size_t per_call = size_t(std::max<int64_t>(1, m_.max_tokens()));
+  for (size_t from = 0; from < rows.size(); from += per_call) {
+    const size_t to = std::min(rows.size(), from + per_call);
+    const std::vector<int> part(rows.begin() + long(from), rows.begin() + long(to));
+    std::vector<int32_t> next;
+    try {
+      next = m_.decode(part, std::vector<int32_t>(tokens.begin() + long(from), tokens.begin() + long(to)),
+                       std::vector<int64_t>(at.begin() + long(from), at.begin() + long(to)));
+    } catch (const std::exception& e) {
+      fail_all(part, e);
+      continue;
+    }
+    for (size_t i = 0; i < part.size(); ++i) {
+      Slot& sl = slots_[size_t(part[i])];
+      sl.cached.push_back(tokens[from + i]);
+      accept(*sl.req, next[i]);
+    }
+  }
+}
+
+void Generator::prefill_rows() {
+  std::vector<int> order;  // slots still prefilling, oldest request first
+  for (int s = 0; s < slots(); ++s) {
+    const Active* a = slots_[size_t(s)].req.get();
+    if (a && !a->done && a->prefilled < a->req.prompt.size()) order.push_back(s);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](int x, int y) { return slots_[size_t(x)].req->out.id < slots_[size_t(y)].req->out.id; });
+  const int64_t budget = opt_.prefill_budget > 0 ? std::min(opt_.prefill_budget, m_.max_tokens()) : m_.max_tokens();
+  int64_t left = budget;
+  Batch b;
+  std::vector<int> rows;
+  for (int s : order) {
+    if (left == 0) break;
+    const Active& a = *slots_[size_t(s)].req;
+    const int64_t n = std::min<int64_t>(left, int64_t(a.req.prompt.size() - a.prefilled));
+    const auto from = a.req.prompt.begin() + long(a.prefilled);
+    b.rows.push_back(BatchRow{s, std::vector<int32_t>(from, from + long(n)), int64_t(a.prefilled), {}, false});
+    rows.push_back(s);
+    left -= n;
+  }
+  stats_.prefill_rows = int(rows.size());
+  stats_.prefill_tokens = budget - left;
+  if (rows.empty()) return;
+  HostTensor logits;  // [rows, vocab]: each chunk's last token
+  try {
+    logits = m_.forward(b);
+  } catch (const std::exception& e) {
+    return fail_all(rows, e);
+  }
+  const int64_t V = m_.spec().vocab;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Slot& sl = slots_[size_t(rows[i])];
+    Active& a = *sl.req;
+    const std::vector<int32_t>& chunk = b.rows[i].tokens;
+    sl.cached.insert(sl.cached.end(), chunk.begin(), chunk.end());
+    a.prefilled += chunk.size();
+    if (a.prefilled < a.req.prompt.size()) continue;
+    // The first token is picked on the host from the prompt's logits; the device continues the same
+    // random stream from there, with the prompt and that token as the penalty's history.
+    Sampler sampler(a.req.sampling);
+    std::vector<int32_t> history = a.req.prompt;
+    const int32_t tok = sampler.pick(logits.as<float>() + int64_t(i) * V, V, history);
+    if (tok != sampling::kNoToken) {
+      history.push_back(tok);
+      // Set even when greedy: the row may have been left sampling by an earlier request.
+      m_.set_sampling(rows[i], a.req.sampling, history, sampler.draws());
+    }
+    accept(a, tok);
+  }
+}
+
+bool Generator::step() {
+  stats_ = {};
+  for (Slot& sl : slots_)
+    if (sl.req && sl.req->cancelled()) finish(*sl.req, StopReason::Cancelled);
+  auto reap = [&] {  // done requests give their slot back at once
+    for (Slot& sl : slots_) {
+      if (!sl.req || !sl.req->done) continue;
+      std::unique_ptr<Active> a = std::move(sl.req);
+      --busy_;
+      if (a->req.on_done) a->req.on_done(a->out);
+    }
+  };
+  reap();
+  admit();
+  decode_rows();
+  reap();
+  prefill_rows();
+  reap();
+  return !idle();
+}
+
+void Generator::run() {
+  while (step()) {
+  }
+}
+
+Completion Generator::generate(Request r) {
+  // Shared with the callback: if a step throws, the request stays queued and may finish later.
+  auto got = std::make_shared<std::optional<Completion>>();
+  r.on_done = [got, then = std::move(r.on_done)](const Completion& c) {
+    *got = c;
+    if (then) then(c);
+  };
+  submit(std::move(r));
+  while (!*got)
+    if (!step() && !*got) throw Error("generator: went idle before the request finished");
+  if ((*got)->stop == StopReason::Error) throw Error((*got)->error);
+  return std::move(**got);
+}
+
+}  // namespace ingot

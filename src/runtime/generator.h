@@ -1,0 +1,172 @@
+// Generator: the one scheduler over the static cache's rows ("slots") that every generation path
+// drives: `ingot generate`, `chat` and `bench`, the C++ API and, later, the server. Requests (prompt
+// ids, sampling, limits, stop conditions, a streaming callback, a cancellation flag) enter a queue,
+// each takes a free slot, is prefilled in chunks under a per-step token budget while the other slots
+// decode, streams its tokens out and gives its slot back the moment it stops.
+//
+// One step() = at most two model calls (more only when a forward carries fewer tokens than there are
+// decoding slots):
+//  - every slot past its prompt feeds its last token through Model::decode, the fixed-shape step that
+//    is graph-captured on CUDA and picks on the device (greedy or from the row's sampling state), so
+//    only n token ids come back;
+//  - prompt chunks (up to `prefill_budget` tokens over all slots still prefilling, in arrival order)
+//    go through one Model::forward; a row whose prompt completes gets its last token's logits back
+//    and its first token is picked on the host (Sampler), whose draws the device then continues.
+// Mixing the decode rows into the forward call instead would make every step download [n, vocab]
+// f32 logits and lose the captured graph; both entries run the same ops over per-row metadata, so a
+// request's tokens do not depend on which call carried them (tested on the CPU, bit for bit).
+//
+// On the CPU a request's output does not depend on what else runs: rows never read each other's
+// cache, the backend reduces each row in a fixed order, and sampling is a counter-based stream per
+// request. On the GPU that needs batch-invariant kernels (issue 11, part 3).
+//
+// Threading: one thread calls submit/step/run; any thread may set a request's cancel flag.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+namespace ingot {
+
+// The one-line warning for a request whose prompt and generated tokens run past the positions the model
+// was trained for (max_position_embeddings), or "" when they stay within. Such a request still runs
+// when the cache holds it, but its output may degrade: the command line warns, a server refuses it
+// (400) with this text.
+std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens);
+
+// The Error that stops a request when the logits of its token `index` (0 = the token after the
+// prompt) have no pick: a NaN or +inf among them, or none finite (sampling::kNoToken).
+Error non_finite_logits(int index);
+
+// The text layer's hook: turns a request's generated ids into streamed text (a tokenizer's stream
+// decoder, runtime/text_decoder.h), so stop strings can be matched while the runtime stays token-level.
+class TextDecoder {
+ public:
+  virtual ~TextDecoder() = default;
+  virtual std::string push(int32_t id) = 0;  // the text this id completed (may be empty)
+  virtual std::string flush() = 0;           // what is still held back at the end
+};
+
+enum class StopReason { Eos, StopString, Length, Capacity, Cancelled, Error };
+// eos | stop_string | length | capacity | cancelled | error
+const char* stop_reason_name(StopReason r);
+
+// One streamed token: its id and the text it released (empty while a character or a possible stop
+// string is pending). At the end, text still held back comes in one event with id -1.
+struct TokenEvent {
+  int32_t id = -1;
+  std::string_view text;
+  int index = 0;  // 0 = the first generated token (picked from the prefill's logits)
+};
+
+using RequestId = uint64_t;
+
+struct Completion {
+  RequestId id = 0;
+  int slot = -1;
+  std::vector<int32_t> ids;  // generated ids (an eos id included)
+  std::string text;          // generated text, cut before a stop string (with a TextDecoder)
+  int64_t prompt_tokens = 0;
+  int64_t computed_prompt_tokens = 0;  // prompt tokens computed; the rest came from the slot's cache
+  StopReason stop = StopReason::Length;
+  std::string error;  // why, when stop == Error
+  double ttft_s = 0;  // submit to first token (queueing included)
+  double decode_s = 0;  // first token to last
+  double decode_tokens_per_s() const { return ids.size() > 1 && decode_s > 0 ? double(ids.size() - 1) / decode_s : 0; }
+};
+
+struct Request {
+  std::vector<int32_t> prompt;  // [len] ids, len >= 1
+  int max_new_tokens = 16;
+  SamplingParams sampling;         // greedy unless set
+  std::vector<int32_t> eos_ids;    // stop after emitting one of these
+  std::vector<std::string> stop;   // stop strings, matched on the text (needs `text`)
+  std::unique_ptr<TextDecoder> text;  // null: tokens only
+  // Stop where the cache ends (StopReason::Capacity) instead of refusing a request whose
+  // max_new_tokens runs past it; a prompt that leaves no room gives no tokens and computes nothing.
+  bool fit_capacity = false;
+  // The slot to run in (a conversation's slot, whose cached prefix is reused), or -1: any free slot,
+  // the one whose cached ids share the longest prefix with the prompt (then the least recently used).
+  int slot = -1;
+  std::shared_ptr<std::atomic<bool>> cancel;  // set from any thread: stops within one step
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(const Completion&)> on_done;       // once, when the request stops (slot freed)
+  std::function<void(const std::string&)> on_warning;  // at submit: position_limit_warning
+};
+
+struct GeneratorOptions {
+  // Prompt tokens computed per step over all prefilling slots; 0 = as many as one forward carries.
+  int64_t prefill_budget = 0;
+};
+
+// What the last step did (for tests, metrics and bench).
+struct StepStats {
+  int decode_rows = 0;
+  int prefill_rows = 0;
+  int64_t prefill_tokens = 0;
+};
+
+class Generator {
+ public:
+  // The model must outlive the generator; its cache rows are the slots.
+  explicit Generator(Model& model, GeneratorOptions options = {});
+  ~Generator();
+
+  // Queues a request. Throws Error, before any compute and without queueing it, on a request that can
+  // never run: empty prompt, ids outside the vocabulary, max_new_tokens < 1, bad sampling settings,
+  // stop strings without a TextDecoder, a slot out of range, or (without fit_capacity) more cache
+  // slots than the capacity.
+  RequestId submit(Request r);
+  void cancel(RequestId id);  // as setting the request's cancel flag (from the stepping thread)
+  // One scheduler step (see the file comment). Returns whether work remains.
+  bool step();
+  void run();  // steps until idle
+  // submit + step until this request stops; throws Error with its message when it failed.
+  Completion generate(Request r);
+
+  bool idle() const { return queue_.empty() && busy_ == 0; }
+  int slots() const { return int(slots_.size()); }
+  int busy_slots() const { return busy_; }
+  size_t queued() const { return queue_.size(); }
+  const StepStats& last_step() const { return stats_; }
+  // Forget what a slot (or every slot) caches: its cache row was written outside the generator.
+  void forget(int slot);
+  void forget_all();
+
+ private:
+  struct Active;
+  struct Slot {
+    std::unique_ptr<Active> req;   // null when free
+    std::vector<int32_t> cached;   // ids whose K/V the row holds, in slot order
+    uint64_t last_used = 0;        // admission stamp, for least-recently-used choice
+  };
+  void admit();
+  int choose_slot(const Request& r) const;
+  void decode_rows();
+  void prefill_rows();
+  // A generated token for a's request; stops it when due. index = how many came before.
+  void accept(Active& a, int32_t tok);
+  void finish(Active& a, StopReason why, const std::string& error = {});
+  void fail_all(const std::vector<int>& slots, const std::exception& e);
+
+  Model& m_;
+  GeneratorOptions opt_;
+  std::vector<Slot> slots_;
+  std::deque<std::unique_ptr<Active>> queue_;
+  int busy_ = 0;
+  RequestId next_id_ = 1;
+  uint64_t stamp_ = 0;
+  StepStats stats_;
+};
+
+}  // namespace ingot

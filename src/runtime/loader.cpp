@@ -1,0 +1,132 @@
+#include "runtime/loader.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "runtime/memory_plan.h"
+
+#ifdef INGOT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ingot {
+
+const std::string& LoadSpec::source() const {
+  return !engine_path.empty() ? engine_path : !model_dir.empty() ? model_dir : config_path;
+}
+
+std::string resolve_device(const std::string& device) {
+  if (device == "auto") {
+#ifdef INGOT_WITH_CUDA
+    if (cuda_available()) return "cuda";
+#endif
+    return "cpu";
+  }
+  if (device == "cuda") {
+#ifndef INGOT_WITH_CUDA
+    throw Error("this build of ingot has no CUDA backend (nvcc was not found at configure time)");
+#endif
+    return device;
+  }
+  if (device == "cpu") return device;
+  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads) {
+  const std::string d = resolve_device(device);  // refuses what this build cannot run
+#ifdef INGOT_WITH_CUDA
+  if (d == "cuda") return make_cuda_backend(dtype);
+#else
+  (void)dtype;
+#endif
+  return make_cpu_backend(threads);
+}
+
+LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
+  const int sources = int(!s.model_dir.empty()) + int(!s.engine_path.empty()) + int(!s.config_path.empty());
+  if (sources != 1) throw Error("give exactly one model source: a checkpoint folder, an engine file or a config.json");
+  device_ = resolve_device(s.device);
+  const std::optional<DType> requested = s.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(s.dtype));
+  if (!s.engine_path.empty()) {
+    file_ = inspect_engine(s.engine_path);
+    model_spec_ = file_->spec;
+    dtype_ = file_->weight_dtype;
+    if (requested && *requested != dtype_)
+      throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
+                  s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
+  } else if (!s.model_dir.empty()) {
+    model_spec_ = load_model_spec(s.model_dir);
+    dtype_ = build_dtype(s.model_dir, model_spec_, requested);
+  } else {
+    model_spec_ = load_config_file(s.config_path);
+    dtype_ = requested.value_or(DType::BF16);
+  }
+  // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
+  // the host memory check that precedes the build or the checksum pass.
+  if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);
+}
+
+RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
+  if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
+  check_host_memory(model_spec_, dtype_, rt, !file_, host_backend_.get());
+  return rt;
+}
+
+namespace {
+
+// The one compute-capability rule: an engine file's recorded requirement, or for weights built here
+// the same rule from their dtype. Checked before any GPU work; a GPU that cannot be queried is refused.
+void check_cuda_device(const LoadPlan& plan, const std::string& source) {
+  if (plan.device() != "cuda") return;
+#ifdef INGOT_WITH_CUDA
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    throw Error("cannot query the compute capability of GPU 0");
+  if (plan.engine_file()) return check_device_capability(*plan.engine_file(), major, minor);
+  const auto [need_major, need_minor] = min_cuda_capability(plan.weight_dtype());
+  if (std::pair{major, minor} < std::pair{need_major, need_minor})
+    throw Error(source + ": " + std::string(dtype_name(plan.weight_dtype())) + " weights need a GPU of compute capability " +
+                std::to_string(need_major) + "." + std::to_string(need_minor) + " or newer; this GPU has " +
+                std::to_string(major) + "." + std::to_string(minor));
+#else
+  (void)source;
+#endif
+}
+
+}  // namespace
+
+Loaded Loaded::weights(LoadPlan&& plan) {
+  const LoadSpec& s = plan.ls_;
+  check_cuda_device(plan, s.source());
+  const auto t0 = std::chrono::steady_clock::now();
+  Loaded l;
+  if (!s.engine_path.empty()) {
+    LoadOptions lo;
+    lo.verify = s.verify;
+    lo.progress = s.progress;
+    LoadedEngine le = load_engine(s.engine_path, lo);
+    l.engine = std::make_unique<Engine>(std::move(le.engine));
+    l.engine_file = std::move(le.info);
+  } else if (!s.model_dir.empty()) {
+    BuildOptions bo;
+    if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
+    l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
+  } else {
+    l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
+  }
+  l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  l.device = plan.device();
+  l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, l.engine->weight_dtype, s.threads);
+  return l;
+}
+
+Loaded load(const LoadSpec& spec, RuntimeOptions rt, bool layout_given) {
+  LoadPlan plan(spec);
+  rt = plan.fit(rt, layout_given);
+  Loaded l = Loaded::weights(std::move(plan));
+  l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
+  return l;
+}
+
+}  // namespace ingot

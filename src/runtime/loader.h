@@ -1,0 +1,77 @@
+// The one loader of the command line and the API: where the weights come from (a checkpoint folder,
+// an engine file, or a config.json's shapes with random weights), which backend runs them, the
+// checks made before anything large is read (host memory, an engine file's bounds) and before any
+// GPU work (the compute capability the weights need), and the Model that binds them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backend/backend.h"
+#include "io/engine_file.h"
+#include "io/engine.h"
+#include "runtime/model.h"
+
+namespace ingot {
+
+struct LoadSpec {
+  // Exactly one source.
+  std::string model_dir;    // a Hugging Face checkpoint folder (config.json + safetensors)
+  std::string engine_path;  // an engine file from `ingot build`
+  std::string config_path;  // a config.json: its shapes with seeded random weights (benchmarks)
+  uint64_t random_seed = 0;
+  std::string device = "auto";  // auto (the GPU when usable) | cpu | cuda
+  std::string dtype;  // weights (and activations on the GPU): "" = the checkpoint's, bf16 for random ones
+  int threads = 0;    // CPU threads; 0 = all cores
+  bool verify = true;  // engine files: every blob's checksum
+  ProgressFn progress;  // engine files: bytes verified so far and in all
+  const std::string& source() const;
+};
+
+// "auto" becomes cuda when a GPU is usable, else cpu; cuda in a build without CUDA is refused.
+std::string resolve_device(const std::string& device);
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads);
+
+// What a load will be, decided from configs and headers only (no weight read yet).
+class LoadPlan {
+ public:
+  explicit LoadPlan(const LoadSpec& spec);
+  const ModelSpec& spec() const { return model_spec_; }
+  DType weight_dtype() const { return dtype_; }
+  const std::optional<EngineFileInfo>& engine_file() const { return file_; }
+  const std::string& device() const { return device_; }
+  // The runtime options a run will use: an engine file's bounds applied (capacity 0 takes the
+  // smaller of the default and the stored one; more than stored is refused), and the host memory the
+  // run takes there checked. Call once per Model to be made, before load().
+  RuntimeOptions fit(RuntimeOptions rt, bool layout_given = false) const;
+
+ private:
+  friend struct Loaded;
+  LoadSpec ls_;
+  ModelSpec model_spec_;
+  DType dtype_ = DType::F32;
+  std::optional<EngineFileInfo> file_;
+  std::string device_;
+  std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
+};
+
+// A model ready to run: the engine, the backend and (unless made later) the Model that binds them.
+struct Loaded {
+  std::unique_ptr<Engine> engine;
+  std::optional<EngineFileInfo> engine_file;
+  std::string device;  // cpu | cuda
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  double load_s = 0;  // reading, verifying or building the weights
+
+  // Reads or builds the weights and makes the backend, after refusing a GPU the weights cannot run
+  // on; no Model yet (one per fitted RuntimeOptions, made by the caller).
+  static Loaded weights(LoadPlan&& plan);
+};
+
+// The whole load for one run: plan, fit, weights, Model.
+Loaded load(const LoadSpec& spec, RuntimeOptions rt, bool layout_given = false);
+
+}  // namespace ingot
