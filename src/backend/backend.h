@@ -188,6 +188,9 @@ class Backend {
   // Masked attention of each token's query over its row's cache: key j visible iff j <= slot (causal),
   // j < kv_len (valid length) and, with a window, j > slot - window. No visible key gives zeros.
   virtual void attention(const AttentionParams& p) = 0;
+  // out = x * sigmoid(gate), elementwise in f32 and rounded once; x, gate, out [T, n] (out may be x).
+  // Qwen3.5's gated attention output.
+  virtual void sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out) = 0;
   // out = silu(gate) * up where gate_up = [gate | up] along columns; gate_up [T, 2I], out [T, I].
   virtual void swiglu(const Mat& gate_up, const Mat& out) = 0;
   // linear(x, w_gate_up) then swiglu in one op, w_gate_up [2I, K] (gate rows, then up rows), out [T, I],

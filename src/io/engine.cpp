@@ -102,17 +102,33 @@ void convert_into(const Source& src, DType dt, HostTensor& dst, size_t at_elems,
   }
 }
 
-// Concatenates tensors along rows (the first axis) into one [sum rows, cols] weight (one part: a copy).
-HostTensor stack_rows(const std::vector<Source>& parts, DType dt, const std::string& dir) {
-  int64_t rows = 0;
-  for (auto& p : parts) rows += p.view.shape[0];
-  Shape shape = parts[0].view.shape;
-  shape[0] = rows;
-  HostTensor out(dt, shape);
+// Concatenates tensors (or the rows each one's pick selects) along rows into one weight of the
+// table's runtime shape and storage dtype (one part: a copy), then adds the storage constant in f32.
+HostTensor stack_rows(const std::vector<Source>& parts, const WeightSpec& w, DType engine_dt, const std::string& dir) {
+  const DType dt = w.dtype(engine_dt);
+  HostTensor out(dt, w.shape);
   size_t at = 0;
-  for (auto& p : parts) {
-    convert_into(p, dt, out, at, dir);
-    at += size_t(p.view.numel());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Source& p = parts[i];
+    const RowPick& pick = w.sources[i].pick;
+    if (!pick.block) {
+      convert_into(p, dt, out, at, dir);
+      at += size_t(p.view.numel());
+      continue;
+    }
+    const int64_t row_elems = p.view.numel() / p.view.shape[0];
+    for (int64_t r0 = pick.offset; r0 < p.view.shape[0]; r0 += pick.stride) {
+      Source block = p;
+      block.view.shape[0] = pick.block;
+      block.view.data = static_cast<const uint8_t*>(p.view.data) + size_t(r0 * row_elems) * dtype_size(p.view.dtype);
+      convert_into(block, dt, out, at, dir);
+      at += size_t(pick.block * row_elems);
+    }
+  }
+  if (w.storage.add != 0.0f) {
+    if (dt != DType::F32) throw Error("weight '" + w.name + "': a folded constant needs f32 storage");
+    float* v = out.as<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) v[i] += w.storage.add;
   }
   return out;
 }
@@ -135,6 +151,7 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
     if (w.name == "tok_embeddings") embedding = w.sources.front().hf_name;
   }
   std::vector<std::string> unused;
+  std::vector<int64_t> skipped(table.ignored().size(), 0);
   int64_t derived = 0;
   int64_t max_layer = -1;  // the highest layer index among the unused tensors
   for (const std::string& n : ck.names()) {
@@ -143,6 +160,10 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
       ++derived;
       continue;
     }
+    bool ignored = false;
+    for (size_t k = 0; k < skipped.size() && !ignored; ++k)
+      if (n.compare(0, table.ignored()[k].first.size(), table.ignored()[k].first) == 0) ignored = (++skipped[k], true);
+    if (ignored) continue;
     if (n == "lm_head.weight" && spec.tie_embeddings) {
       // transformers ties the output layer to the embedding after loading, so the embedding is what
       // runs; a copy identical to it is what tied checkpoints often carry and is not worth a word.
@@ -165,6 +186,10 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
   if (derived > 0)
     warn(dir + ": " + std::to_string(derived) +
          " tensor(s) named '*rotary_emb.inv_freq' are ignored (recomputed from config.json's rope settings)");
+  for (size_t k = 0; k < skipped.size(); ++k)
+    if (skipped[k] > 0)
+      warn(dir + ": " + std::to_string(skipped[k]) + " tensor(s) under '" + table.ignored()[k].first + "' are skipped (" +
+           table.ignored()[k].second + ")");
   if (unused.empty()) return;
   std::string list;
   const size_t shown = std::min<size_t>(unused.size(), 5);
@@ -212,7 +237,7 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   eng.spec = spec;
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
   for (size_t i = 0; i < parts.size(); ++i) {
-    eng.weights.emplace(table.entries()[i].name, stack_rows(parts[i], eng.weight_dtype, dir));
+    eng.weights.emplace(table.entries()[i].name, stack_rows(parts[i], table.entries()[i], eng.weight_dtype, dir));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
   }
@@ -236,14 +261,15 @@ Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const WeightTable table = weight_table(spec);
   for (const WeightSpec& w : table.entries()) {
-    HostTensor t(dt, w.shape);
+    const DType wdt = w.dtype(dt);
+    HostTensor t(wdt, w.shape);
     const size_t n = size_t(t.numel());
     std::vector<float> buf(std::min<size_t>(n, 1 << 16));
     // Cheap fill: a block of random values repeated; benchmarks need realistic bytes, not statistics.
     for (float& v : buf) v = w.init == WeightInit::Ones ? 1.0f : normal(rng);
     for (size_t i = 0; i < n; i += buf.size()) {
       size_t c = std::min(buf.size(), n - i);
-      convert_from_f32(dt, buf.data(), static_cast<uint8_t*>(t.data()) + i * dtype_size(dt), c);
+      convert_from_f32(wdt, buf.data(), static_cast<uint8_t*>(t.data()) + i * dtype_size(wdt), c);
     }
     eng.weights.emplace(w.name, std::move(t));
   }

@@ -264,10 +264,12 @@ std::string cuda_requirement_reason(DType dt) {
 
 // The runtime weights' names and shapes by name, from the family's weight table: what an engine of
 // this spec holds, exactly.
-std::map<std::string, Shape> weight_shapes(const ModelSpec& s) {
-  std::map<std::string, Shape> shapes;
+// The weights an engine of `s` in `dt` holds: runtime name -> shape and dtype (most in the engine's
+// dtype; the table's few f32 ones in f32).
+std::map<std::string, std::pair<Shape, DType>> weight_shapes(const ModelSpec& s, DType dt) {
+  std::map<std::string, std::pair<Shape, DType>> shapes;
   const WeightTable table = weight_table(s);
-  for (const WeightSpec& w : table.entries()) shapes[w.name] = w.shape;
+  for (const WeightSpec& w : table.entries()) shapes[w.name] = {w.shape, w.dtype(dt)};
   return shapes;
 }
 
@@ -356,16 +358,16 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
 void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::string& path, const ProgressFn& progress) {
   const ModelSpec& s = eng.spec;
   const std::string where = path + ": ";
-  const std::map<std::string, Shape> expect = weight_shapes(s);
-  for (auto& [name, shape] : expect) {
+  const auto expect = weight_shapes(s, eng.weight_dtype);
+  for (auto& [name, want] : expect) {
     const HostTensor* t = eng.find(name);
     if (!t) throw Error(where + "the engine has no weight '" + name + "'");
-    if (t->shape() != shape)
+    if (t->shape() != want.first)
       throw Error(where + "engine weight '" + name + "' has shape " + shape_str(t->shape()) + ", the spec implies " +
-                  shape_str(shape));
-    if (t->dtype() != eng.weight_dtype)
-      throw Error(where + "engine weight '" + name + "' is " + std::string(dtype_name(t->dtype())) +
-                  ", the engine's dtype is " + std::string(dtype_name(eng.weight_dtype)));
+                  shape_str(want.first));
+    if (t->dtype() != want.second)
+      throw Error(where + "engine weight '" + name + "' is " + std::string(dtype_name(t->dtype())) + ", the spec implies " +
+                  std::string(dtype_name(want.second)));
   }
   for (auto& [name, t] : eng.weights)
     if (!expect.count(name)) throw Error(where + "the engine holds weight '" + name + "' that its spec does not use");
@@ -603,7 +605,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   f.object(m, "build_options", "build_options");
 
   // The tensor table: exactly the weights the architecture implies, in bounds, aligned, disjoint.
-  const std::map<std::string, Shape> expect = weight_shapes(s);
+  const auto expect = weight_shapes(s, info.weight_dtype);
   const json& table = f.array(m, "tensors", "tensors");
   if (table.size() != expect.size())
     f.fail("tensors", "lists " + std::to_string(table.size()) + " tensors, the architecture implies " +
@@ -620,14 +622,16 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
     if (it == expect.end()) f.fail(p + ".name", tp + " is not a weight of this architecture");
     if (!seen.insert(r.name).second) f.fail(p + ".name", tp + " is listed twice");
     const std::string dt = f.string(e, p + ".dtype", "dtype");
-    if (!parse_weight_dtype(dt, r.dtype) || r.dtype != info.weight_dtype)
-      f.fail(p + ".dtype", "of " + tp + " is '" + dt + "', the engine's weights are " + wdt);
+    if (!parse_weight_dtype(dt, r.dtype) || r.dtype != it->second.second)
+      f.fail(p + ".dtype", "of " + tp + " is '" + dt + "', the architecture implies " +
+                               std::string(dtype_name(it->second.second)));
     const json& shape = f.array(e, p + ".shape", "shape");
     if (shape.size() > 8) f.fail(p + ".shape", "of " + tp + " has too many dimensions");
     for (size_t k = 0; k < shape.size(); ++k)
       r.shape.push_back(f.integer(shape[k], p + ".shape[" + std::to_string(k) + "]", 0, int64_t(1) << 40));
-    if (r.shape != it->second)
-      f.fail(p + ".shape", "of " + tp + " is " + shape_str(r.shape) + ", the architecture implies " + shape_str(it->second));
+    if (r.shape != it->second.first)
+      f.fail(p + ".shape", "of " + tp + " is " + shape_str(r.shape) + ", the architecture implies " +
+                               shape_str(it->second.first));
     r.offset = f.unsigned_(e, p + ".offset", "offset");
     r.bytes = f.unsigned_(e, p + ".bytes", "bytes");
     const uint64_t want = uint64_t(numel(r.shape)) * dtype_size(r.dtype);

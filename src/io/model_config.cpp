@@ -109,13 +109,13 @@ void parse_rope(const json& cfg, const std::string& src, ModelSpec& spec) {
 
 }  // namespace
 
-ModelSpec parse_model_config(const json& cfg, const std::string& src) {
-  if (!cfg.is_object()) throw Error(src + ": not a JSON object");
+namespace {
+
+// The decoder's settings in `cfg` (config.json itself, or a wrapper's text_config) for `family`.
+ModelSpec parse_decoder(const json& cfg, const std::string& src, const std::string& model_type, const Family& family) {
   ConfigFields f{cfg, src};
   ModelSpec s;
-  if (!f.has("model_type") || !cfg["model_type"].is_string()) throw Error(f.where("model_type") + " is missing");
-  s.family = cfg["model_type"];
-  const Family& family = find_family(s.family, src);
+  s.family = model_type;
   s.vocab = f.positive_int("vocab_size", kMaxVocab);
   s.hidden = f.positive_int("hidden_size", kMaxHidden);
   s.intermediate = f.positive_int("intermediate_size", kMaxIntermediate);
@@ -174,6 +174,31 @@ ModelSpec parse_model_config(const json& cfg, const std::string& src) {
   return s;
 }
 
+}  // namespace
+
+ModelSpec parse_model_config(const json& cfg, const std::string& src) {
+  if (!cfg.is_object()) throw Error(src + ": not a JSON object");
+  ConfigFields f{cfg, src};
+  if (!f.has("model_type") || !cfg["model_type"].is_string()) throw Error(f.where("model_type") + " is missing");
+  const std::string model_type = cfg["model_type"];
+  const Family& family = find_family(model_type, src);
+  if (!family.text_config) return parse_decoder(cfg, src, model_type, family);
+  // A wrapper: the decoder's settings are in text_config; the top level's token ids, tying and dtype
+  // apply where text_config has none, and may not contradict it.
+  const std::string key = family.text_config;
+  if (!f.has(key) || !cfg[key].is_object())
+    throw Error(f.where(key) + " must be an object with the text model's settings (model_type '" + model_type + "')");
+  json inner = cfg[key];
+  for (const char* k : {"tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"}) {
+    if (!f.has(k)) continue;
+    if (!inner.contains(k) || inner[k].is_null()) inner[k] = cfg[k];
+    else if (std::string(k) == "tie_word_embeddings" && inner[k] != cfg[k])
+      throw Error(src + ": tie_word_embeddings is " + cfg[k].dump() + " at the top level but " + inner[k].dump() +
+                  " in " + key + "; the checkpoint cannot be both");
+  }
+  return parse_decoder(inner, src + " (" + key + ")", model_type, family);
+}
+
 namespace {
 json read_json_file(const fs::path& p) {
   const std::string text = read_file(p.string());
@@ -220,6 +245,16 @@ json spec_to_json(const ModelSpec& s) {
             {"qkv_bias", s.qkv_bias}, {"o_bias", s.o_bias}, {"qk_norm", s.qk_norm}, {"window", s.window},
             {"rope", r}, {"eos_ids", s.eos_ids}, {"torch_dtype", s.torch_dtype}};
   if (s.bos_id) j["bos_id"] = *s.bos_id;
+  // Hybrid and gated-attention models only, so dense engine files stay as they were.
+  if (s.attn_gate) j["attn_gate"] = true;
+  if (!s.kinds.empty()) {
+    json kinds = json::array();
+    for (LayerKind k : s.kinds) kinds.push_back(k == LayerKind::Linear ? "linear_attention" : "full_attention");
+    j["layer_kinds"] = kinds;
+    const LinearAttnSpec& l = s.linear;
+    j["linear"] = {{"k_heads", l.k_heads}, {"v_heads", l.v_heads}, {"k_dim", l.k_dim}, {"v_dim", l.v_dim},
+                   {"conv_kernel", l.conv_kernel}};
+  }
   return j;
 }
 
@@ -244,6 +279,19 @@ ModelSpec spec_from_json(const json& j) {
     s.eos_ids = j.at("eos_ids").get<std::vector<int64_t>>();
     s.torch_dtype = j.value("torch_dtype", "");
     if (j.contains("bos_id")) s.bos_id = j["bos_id"].get<int64_t>();
+    s.attn_gate = j.value("attn_gate", false);
+    if (j.contains("layer_kinds")) {
+      for (const json& k : j.at("layer_kinds")) {
+        const std::string name = k.get<std::string>();
+        if (name != "linear_attention" && name != "full_attention")
+          throw Error("model metadata is malformed: layer kind '" + name + "' is unknown");
+        s.kinds.push_back(name == "linear_attention" ? LayerKind::Linear : LayerKind::Attention);
+      }
+      if (int64_t(s.kinds.size()) != s.layers) throw Error("model metadata is malformed: layer_kinds length differs from layer count");
+      const json& l = j.at("linear");
+      s.linear = {l.at("k_heads"), l.at("v_heads"), l.at("k_dim"), l.at("v_dim"), l.at("conv_kernel")};
+      check_linear_spec(s, "model metadata");
+    }
     const json& r = j.at("rope");
     s.rope.type = r.at("type");
     s.rope.theta = r.at("theta");

@@ -24,6 +24,9 @@ struct Family {
   WeightTable (*weights)(const ModelSpec& spec);
   // One decoder layer's forward over the call's tokens.
   void (*layer)(ForwardContext& c, const LayerWeights& w, int layer);
+  // A wrapper config (a multimodal model's) keeps the decoder's settings in this sub-object; fields it
+  // lacks come from the top level. Null: the settings are at the top level.
+  const char* text_config = nullptr;
 };
 
 // The family of model_type, or an Error listing the supported ones (prefixed by `where`, when given).

@@ -6,6 +6,10 @@ namespace ingot {
 
 namespace {
 Mat rows(const Mat& m, int64_t T) { return {m.data, m.dtype, T, m.cols, m.ld}; }
+// Columns [at, at + n) of the first T rows.
+Mat cols(const Mat& m, int64_t T, int64_t at, int64_t n) {
+  return {static_cast<uint8_t*>(m.data) + size_t(at) * dtype_size(m.dtype), m.dtype, T, n, m.ld};
+}
 
 // Folds the pending block output into the residual and normalises: the residual add of the previous
 // block is fused into the next norm.
@@ -80,7 +84,7 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
 
   const KvLayerView& cache = c.state.kv(layer);
   RopeWriteParams rp;
-  rp.qkv = qkv;
+  rp.qkv = cols(qkv, c.T, 0, s.q_dim() + 2 * s.kv_dim());  // the gates, if any, follow v
   rp.q_norm = w.q_norm ? w.q_norm->data() : nullptr;
   rp.k_norm = w.k_norm ? w.k_norm->data() : nullptr;
   rp.norm_dtype = w.q_norm ? w.q_norm->m.dtype : DType::F32;
@@ -108,8 +112,62 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   ap.meta = c.meta;
   ap.cache = cache;
   c.be.attention(ap);
+  if (s.attn_gate) c.be.sigmoid_gate(ap.out, cols(qkv, c.T, s.q_dim() + 2 * s.kv_dim(), s.q_dim()), ap.out);
 
   c.be.linear(ap.out, w.wo->m, w.bo ? w.bo->data() : nullptr, rows(c.delta, c.T));
+  c.pending_delta = true;
+}
+
+void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
+  const LinearAttnSpec& l = c.spec.linear;
+  const int64_t T = c.T, C = l.conv_channels(), K = l.key_width(), V = l.value_width(), H = l.v_heads;
+  const LinearLayerView& st = c.state.linear(layer);
+  norm_into_h(c, *w.attn_norm);
+  const Mat in = rows(c.lin_in, T);  // qkv | z | b | a
+  c.be.linear(rows(c.h, T), w.lin_in->m, nullptr, in);
+
+  CausalConv1dParams cp;
+  cp.x = cols(in, T, 0, C);
+  cp.out = rows(c.lin_conv, T);
+  cp.weight = w.lin_conv->data();
+  cp.weight_dtype = w.lin_conv->m.dtype;
+  cp.kernel = int(l.conv_kernel);
+  cp.state = st.conv;
+  cp.meta = c.meta;
+  c.be.causal_conv1d(cp);
+
+  GatedDeltaRuleParams dp;
+  dp.q = cols(cp.out, T, 0, K);
+  dp.k = cols(cp.out, T, K, K);
+  dp.v = cols(cp.out, T, 2 * K, V);
+  dp.b = cols(in, T, C + V, H);
+  dp.a = cols(in, T, C + V + H, H);
+  dp.a_log = w.lin_a_log->data();
+  dp.a_log_dtype = w.lin_a_log->m.dtype;
+  dp.dt_bias = w.lin_dt_bias->data();
+  dp.dt_bias_dtype = w.lin_dt_bias->m.dtype;
+  dp.out = rows(c.lin_out, T);
+  dp.k_heads = int(l.k_heads);
+  dp.v_heads = int(l.v_heads);
+  dp.d_k = int(l.k_dim);
+  dp.d_v = int(l.v_dim);
+  dp.state = st.recurrent;
+  dp.meta = c.meta;
+  dp.rows = c.rows;
+  c.be.gated_delta_rule(dp);
+
+  GatedRmsNormParams np;
+  np.x = dp.out;
+  np.z = cols(in, T, C, V);
+  np.out = dp.out;
+  np.weight = w.lin_norm->data();
+  np.weight_dtype = w.lin_norm->m.dtype;
+  np.heads = int(H);
+  np.dim = int(l.v_dim);
+  np.eps = float(c.spec.rms_eps);
+  c.be.gated_rmsnorm(np);
+
+  c.be.linear(dp.out, w.lin_out->m, nullptr, rows(c.delta, T));
   c.pending_delta = true;
 }
 

@@ -28,6 +28,10 @@ struct ForwardContext {
   Mat attn{};     // [T, q_heads * head_dim]
   Mat gate_up{};  // [T, 2 * intermediate]
   Mat act{};      // [T, intermediate]
+  // Linear-attention layers (views of the buffers above where their sizes allow):
+  Mat lin_in{};    // [T, conv_channels + value_width + 2*v_heads]: qkv | z | b | a (in the qkv buffer)
+  Mat lin_conv{};  // [T, conv_channels] conv1d + SiLU output: q | k | v
+  Mat lin_out{};   // [T, value_width] delta rule output, then its gated norm (in the attn buffer)
   bool pending_delta = false;  // delta holds a block output not yet added to x
   TokenMeta meta{};
   const float* inv_freq = nullptr;  // [rope_dim / 2]
@@ -49,7 +53,13 @@ WeightTable decoder_weights(const ModelSpec& spec);
 void qwen_sliding_windows(const ConfigFields& config, ModelSpec& spec);
 
 // Layer helpers.
-void attention_block(ForwardContext& c, const LayerWeights& w, int layer);  // x += attn(norm(x)) (deferred add)
+// x += attn(norm(x)) (deferred add); with spec.attn_gate the attention output is multiplied by
+// sigmoid(gate) before the output projection, the gates being the last q_dim columns of wqkv's output.
+void attention_block(ForwardContext& c, const LayerWeights& w, int layer);
+// x += linear_attn(norm(x)) (deferred add): the Gated DeltaNet token mixer of Qwen3.5, in_proj ->
+// causal conv1d + SiLU over q|k|v -> gated delta rule on the row's recurrent state -> gated RMSNorm
+// with silu(z) -> out_proj.
+void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer);
 void mlp_block(ForwardContext& c, const LayerWeights& w);                    // x += mlp(norm(x)) (deferred add)
 // attention_block then mlp_block: the pre-norm decoder layer all current families share.
 void prenorm_decoder_layer(ForwardContext& c, const LayerWeights& w, int layer);

@@ -7,9 +7,12 @@ namespace ingot {
 extern const Family kLlamaFamily;
 extern const Family kQwen2Family;
 extern const Family kQwen3Family;
+extern const Family kQwen3_5TextFamily;
+extern const Family kQwen3_5Family;
 
 const Family& find_family(const std::string& model_type, const std::string& where) {
-  static const Family* const kAll[] = {&kLlamaFamily, &kQwen2Family, &kQwen3Family};
+  static const Family* const kAll[] = {&kLlamaFamily, &kQwen2Family, &kQwen3Family, &kQwen3_5TextFamily,
+                                          &kQwen3_5Family};
   std::string names;
   for (const Family* f : kAll) {
     if (model_type == f->model_type) return *f;

@@ -35,4 +35,9 @@ KvShape kv_shape(const ModelSpec& s, const CacheBounds& b) {
   return k;
 }
 
+LinearStateShape linear_state_shape(const ModelSpec& s, int max_batch) {
+  const LinearAttnSpec& l = s.linear;
+  return {{max_batch, l.conv_channels(), l.conv_kernel - 1}, {max_batch, l.v_heads, l.k_dim, l.v_dim}};
+}
+
 }  // namespace ingot

@@ -51,17 +51,33 @@ struct KvShape {
 };
 KvShape kv_shape(const ModelSpec& spec, const CacheBounds& bounds);
 
+// A linear-attention layer's state (f32 whatever the activation dtype; no capacity: a row's whole past
+// is carried in it). Sizes per cache row:
+struct LinearStateShape {
+  Shape conv;       // [max_batch, conv_channels, conv_kernel - 1]: a row's last kernel - 1 conv inputs
+  Shape recurrent;  // [max_batch, v_heads, k_dim, v_dim]: the gated delta rule's S per value head
+};
+LinearStateShape linear_state_shape(const ModelSpec& spec, int max_batch);
+
+struct LinearLayerView {
+  float* conv = nullptr;       // LinearStateShape::conv
+  float* recurrent = nullptr;  // LinearStateShape::recurrent
+};
+
 // The layers' typed window on the static state that runtime/state.h owns: each layer's view of its
 // buffers, at addresses fixed for the Model's life (captured decode graphs replay against them).
-// Attention layers keep K/V; a linear-attention layer kind adds its own views and accessor beside kv().
+// Attention layers keep K/V (kv()); linear-attention layers their conv and recurrent state (linear()).
 class StateView {
  public:
   StateView() = default;
-  explicit StateView(std::vector<KvLayerView> kv) : kv_(std::move(kv)) {}
+  StateView(std::vector<KvLayerView> kv, std::vector<LinearLayerView> linear)
+      : kv_(std::move(kv)), linear_(std::move(linear)) {}
   const KvLayerView& kv(int layer) const { return kv_[size_t(layer)]; }
+  const LinearLayerView& linear(int layer) const { return linear_[size_t(layer)]; }
 
  private:
-  std::vector<KvLayerView> kv_;  // [layers]
+  std::vector<KvLayerView> kv_;          // [layers]; empty views for linear layers
+  std::vector<LinearLayerView> linear_;  // [layers]; empty views for attention layers
 };
 
 }  // namespace ingot

@@ -39,7 +39,7 @@ struct Sizes {
 }  // namespace
 
 size_t WorkspacePlan::total() const {
-  return 3 * hidden + qkv + attn + gate_up + act + 6 * token_meta + gathered + logits + next_tokens + sample_params +
+  return 3 * hidden + qkv + attn + gate_up + act + conv + 6 * token_meta + gathered + logits + next_tokens + sample_params +
          sample_step + sample_seen + inv_freq;
 }
 
@@ -63,7 +63,7 @@ size_t engine_weight_bytes(const ModelSpec& spec, DType dtype) {
   size_t total = 0;
   const WeightTable table = weight_table(spec);
   for (const WeightSpec& w : table.entries()) {
-    size_t n = dtype_size(dtype);
+    size_t n = dtype_size(w.dtype(dtype));
     for (int64_t d : w.shape) n = z.mul({int64_t(n), d});
     total = z.add(total, n);
   }
@@ -95,8 +95,12 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   p.cache = cache.value_or(0);
   WorkspacePlan& w = p.ws;
   w.hidden = z.mul({T, s.hidden, as});
-  w.qkv = z.mul({T, s.q_dim() + 2 * s.kv_dim(), as});
-  w.attn = z.mul({T, s.q_dim(), as});
+  // The qkv buffer also holds a linear layer's input projection, attn its delta-rule output.
+  const bool lin = s.has_linear_layers();
+  const LinearAttnSpec& la = s.linear;
+  w.qkv = z.mul({T, std::max(s.qkv_width(), lin ? la.in_width() : 0), as});
+  w.attn = z.mul({T, std::max(s.q_dim(), lin ? la.value_width() : 0), as});
+  w.conv = lin ? z.mul({T, la.conv_channels(), as}) : 0;
   w.gate_up = z.mul({T, 2 * s.intermediate, as});
   w.act = z.mul({T, s.intermediate, as});
   w.token_meta = z.mul({T, int64_t(sizeof(int32_t))});
@@ -108,7 +112,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   w.sample_seen = z.mul({B, s.vocab});
   w.inv_freq = std::max<size_t>(rope_inv_freq(s).size(), 1) * sizeof(float);
   size_t ws = 0;
-  for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.token_meta, w.token_meta,
+  for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
                    w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
                    w.sample_params, w.sample_step, w.sample_seen, w.inv_freq})
     ws = z.add(ws, b);

@@ -31,6 +31,7 @@ constexpr double kLargestDeviceBytes = 288e9;
 struct WorkspacePlan {
   size_t hidden = 0;        // each of x, h and delta: [max_tokens, hidden]
   size_t qkv = 0, attn = 0, gate_up = 0, act = 0;
+  size_t conv = 0;          // [max_tokens, conv_channels] linear layers' conv output (0 without them)
   size_t token_meta = 0;    // each of the six int32 [max_tokens] metadata arrays
   size_t gathered = 0, logits = 0;  // [max_logit_rows, hidden] and [max_logit_rows, vocab]
   size_t next_tokens = 0, sample_params = 0, sample_step = 0, sample_seen = 0;  // per cache row

@@ -62,6 +62,7 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(attn_, w.attn);
   ws(gate_up_, w.gate_up);
   ws(act_, w.act);
+  if (w.conv) ws(conv_, w.conv);
   for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, w.token_meta);
   ws(gathered_, w.gathered);
   ws(logits_, w.logits);
@@ -100,6 +101,7 @@ Model::Prepared Model::prepare(const Batch& b) const {
     if (len == 0) throw Error(who + ": empty token chunk");
     if (br.write_index < 0) throw Error(who + ": negative write index");
     state_.check_chunk(who, br.write_index, len);
+    state_.check_continuation(who, br.row, br.write_index);
     if (!br.positions.empty() && int64_t(br.positions.size()) != len)
       throw Error(who + ": " + std::to_string(br.positions.size()) + " positions for " + std::to_string(len) + " tokens");
     total += len;
@@ -136,8 +138,13 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   c.x = mat(x_.get(), adt, T, s.hidden);
   c.h = mat(h_.get(), adt, T, s.hidden);
   c.delta = mat(delta_.get(), adt, T, s.hidden);
-  c.qkv = mat(qkv_.get(), adt, T, s.q_dim() + 2 * s.kv_dim());
+  c.qkv = mat(qkv_.get(), adt, T, s.qkv_width());
   c.attn = mat(attn_.get(), adt, T, s.q_dim());
+  if (s.has_linear_layers()) {
+    c.lin_in = mat(qkv_.get(), adt, T, s.linear.in_width());
+    c.lin_out = mat(attn_.get(), adt, T, s.linear.value_width());
+    c.lin_conv = mat(conv_.get(), adt, T, s.linear.conv_channels());
+  }
   c.gate_up = mat(gate_up_.get(), adt, T, 2 * s.intermediate);
   c.act = mat(act_.get(), adt, T, s.intermediate);
   c.meta = {row_.as<int32_t>(), slot_.as<int32_t>(), rope_pos_.as<int32_t>(), kv_len_.as<int32_t>()};
@@ -146,6 +153,10 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   c.max_kv_len = max_kv_len;
   c.rows = rows;
   decoder_forward(c, family_, weights_, ids_.as<int32_t>());
+}
+
+void Model::advance_lengths(const Batch& b) {
+  for (const BatchRow& r : b.rows) state_.set_length(r.row, r.write_index + int64_t(r.tokens.size()));
 }
 
 void Model::upload_meta(const Prepared& p) {
@@ -213,6 +224,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
   Batch b;
   for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
+  advance_lengths(b);
   bool sampled = false;
   for (int r : rows) sampled = sampled || !row_sampling_[size_t(r)].greedy();
   if (opt_.use_graphs) {
@@ -236,6 +248,7 @@ HostTensor Model::forward(const Batch& batch) {
   Prepared p = prepare(batch);
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
+  advance_lengths(batch);
   run_decoder(T, p.max_kv_len, p.rows);
 
   const ModelSpec& s = spec_;

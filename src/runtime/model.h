@@ -79,6 +79,7 @@ class Model {
   Prepared prepare(const Batch& batch) const;
   void run_decoder(int64_t T, int max_kv_len, int rows);  // ids_ [T] -> h_ [T, hidden]
   void upload_meta(const Prepared& p);
+  void advance_lengths(const Batch& batch);  // the State's row lengths after a forward wrote the batch
   void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
 
   const Engine& engine_;
@@ -95,7 +96,7 @@ class Model {
   ModelWeights weights_;                 // w_ bound by the family's weight table
 
   // Workspace, sized for max_tokens.
-  Buffer x_, h_, delta_, qkv_, attn_, gate_up_, act_;  // activations, see ForwardContext
+  Buffer x_, h_, delta_, qkv_, attn_, gate_up_, act_, conv_;  // activations, see ForwardContext
   Buffer ids_, row_, slot_, rope_pos_, kv_len_, out_idx_;  // [max_tokens] int32 metadata
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]

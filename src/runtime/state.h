@@ -6,10 +6,13 @@
 // Attention layers keep K and V, one buffer each per layer (kv_shape in models/state_layout.h):
 //   heads-first  [max_batch, kv_heads, capacity, head_dim]
 //   flattened    [max_batch, capacity, kv_heads * head_dim]
-// Linear-attention layers (Qwen3.5's Gated DeltaNet, not yet supported) will be a second layer kind
-// beside them: a conv state [max_batch, conv_channels, kernel - 1] and a recurrent state
-// [max_batch, v_heads, k_dim, v_dim] in f32 per layer, with no capacity of their own; the capacity
-// rule below stays the attention layers'.
+// Linear-attention layers (Qwen3.5's Gated DeltaNet) keep, per layer, a conv state
+// [max_batch, conv_channels, kernel - 1] and a recurrent state [max_batch, v_heads, k_dim, v_dim] in f32
+// (linear_state_shape), with no capacity of their own: the capacity rule below stays the attention
+// layers'. That state cannot be rewound: a row's next chunk continues exactly where its last one ended,
+// or restarts the row at slot 0 (where the ops start from a zero state); State keeps each row's length
+// and check_continuation refuses anything else, so a caller can never silently compute from a stale
+// state.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -56,17 +59,30 @@ class State {
   // Error unless a request of prompt_len tokens and max_new_tokens new ones fits one row.
   void check_request(int64_t prompt_len, int64_t max_new_tokens) const;
 
+  // Whether a row can continue from any slot it holds (attention only), or only from its end or slot 0
+  // (linear layers: their state holds the row's whole past).
+  bool rewindable() const { return !has_linear_; }
+  // Error (prefixed by `who`) when a chunk at write_index cannot continue the row's linear state.
+  void check_continuation(const std::string& who, int row, int64_t write_index) const;
+  // Records that the row now holds `length` tokens (after a forward wrote them).
+  void set_length(int row, int64_t length) { length_[size_t(row)] = length; }
+
   const StateView& view() const { return view_; }
 
-  // The raw bytes of one row (K then V of every layer), for tests of slot preservation.
+  // The raw bytes of one row (K then V of every attention layer, then the conv and recurrent state of
+  // every linear layer), for tests of slot preservation.
   std::vector<uint8_t> read_row(int row) const;
 
  private:
   Backend& be_;
   CacheBounds bounds_;    // resolved
   size_t row_bytes_ = 0;  // one row of one K (or V) buffer
+  size_t conv_row_bytes_ = 0, rec_row_bytes_ = 0;  // one row of a linear layer's conv / recurrent state
   size_t bytes_ = 0;      // all buffers
-  std::vector<Buffer> k_, v_;  // [layers], each kv_shape(spec, bounds_)
+  bool has_linear_ = false;
+  std::vector<Buffer> k_, v_;        // [attention layers], each kv_shape(spec, bounds_)
+  std::vector<Buffer> conv_, rec_;   // [linear layers], linear_state_shape(spec, max_batch)
+  std::vector<int64_t> length_;      // [max_batch] tokens each row holds (kept for linear layers)
   StateView view_;
 };
 

@@ -261,6 +261,20 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out) override {
+    require_f32(x, "sigmoid_gate");
+    require_f32(gate, "sigmoid_gate");
+    if (gate.rows != x.rows || gate.cols != x.cols || out.rows != x.rows || out.cols != x.cols)
+      throw Error("cpu backend: sigmoid_gate shape mismatch");
+#pragma omp parallel for num_threads(threads_) schedule(static) if (x.rows * x.cols >= kParallelWork)
+    for (int64_t t = 0; t < x.rows; ++t) {
+      const float* a = frow(x, t);
+      const float* g = frow(gate, t);
+      float* o = frow(out, t);
+      for (int64_t i = 0; i < x.cols; ++i) o[i] = a[i] * (1.0f / (1.0f + std::exp(-g[i])));
+    }
+  }
+
   void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
     const size_t es = dtype_size(src.dtype);
     for (int64_t i = 0; i < dst.rows; ++i)

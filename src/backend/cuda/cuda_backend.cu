@@ -409,6 +409,10 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "linear_swiglu x " + shape(x) + " w " + shape(w); }, stream_->get());
     return launch_gemv_swiglu(x, w, out, stream_->get());
   }
+  void sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out) override {
+    auto _ = prof_.scope([&] { return "sigmoid_gate " + shape(out); }, stream_->get());
+    launch_sigmoid_gate(x, gate, out, stream_->get());
+  }
   void swiglu(const Mat& gu, const Mat& out) override {
     auto _ = prof_.scope([&] { return "swiglu " + shape(out); }, stream_->get());
     launch_swiglu(gu, out, stream_->get());

@@ -122,6 +122,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
 // not suit it (f32, few query tokens, head_dim other than 64/128, unaligned rows).
 bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
+void launch_sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // The sample op (sample.cu): one block per row, state in st's buffers, no scratch.

@@ -1,4 +1,4 @@
-// Small element-wise and row ops: SwiGLU, row gather, bias add and greedy argmax.
+// Small element-wise and row ops: SwiGLU, the sigmoid gate, row gather, bias add and greedy argmax.
 #include <algorithm>
 #include <cfloat>
 
@@ -44,6 +44,30 @@ __global__ void swiglu_vec_kernel(SwigluArgs a) {
 #pragma unroll
   for (int j = 0; j < V; ++j) o[j] = from_f<T>(silu_mul(gv[j], uv[j]));
   *reinterpret_cast<uint4*>(static_cast<T*>(a.out) + t * a.out_ld + i) = *reinterpret_cast<const uint4*>(o);
+}
+
+struct SigmoidGateArgs {
+  const void* x;
+  int64_t x_ld;
+  const void* gate;
+  int64_t gate_ld;
+  void* out;
+  int64_t out_ld, cols, rows;
+};
+
+// out = x * sigmoid(gate) in f32, rounded once (out may alias x: each element is read then written by
+// one thread).
+template <typename T>
+__global__ void sigmoid_gate_kernel(SigmoidGateArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t total = a.rows * a.cols;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / a.cols, i = k - t * a.cols;
+    const float xv = to_f(static_cast<const T*>(a.x)[t * a.x_ld + i]);
+    const float gv = to_f(static_cast<const T*>(a.gate)[t * a.gate_ld + i]);
+    static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(xv * (1.0f / (1.0f + expf(-gv))));
+  }
 }
 
 struct GatherArgs {
@@ -194,6 +218,19 @@ void launch_swiglu(const Mat& gu, const Mat& out, cudaStream_t s) {
     } else {
       launch("swiglu_kernel", swiglu_kernel<T>, dim3(grid_for(out.rows * out.cols, 256)), dim3(256), 0, s, a);
     }
+  });
+}
+
+void launch_sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out, cudaStream_t s) {
+  if (out.rows == 0) return;
+  if (gate.dtype != x.dtype || out.dtype != x.dtype)
+    throw Error("cuda backend: sigmoid_gate operands must share the activation dtype");
+  if (gate.rows != x.rows || gate.cols != x.cols || out.rows != x.rows || out.cols != x.cols)
+    throw Error("cuda backend: sigmoid_gate shape mismatch");
+  SigmoidGateArgs a{x.data, x.ld, gate.data, gate.ld, out.data, out.ld, out.cols, out.rows};
+  dispatch(out.dtype, "sigmoid_gate", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    launch("sigmoid_gate_kernel", sigmoid_gate_kernel<T>, dim3(grid_for(out.rows * out.cols, 256)), dim3(256), 0, s, a);
   });
 }
 
