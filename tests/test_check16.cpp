@@ -111,6 +111,11 @@ void unit_norm_weight(const std::string& dir, int layer) {
   ASSERT_EQ(found, 1) << name << " in " << dir;
 }
 
+// Not the Qwen3.5 fixtures (yet): their widened random init (norms, gates and decays spread far from
+// a trained model's) makes weight rounding alone move their logits past these defaults on the CPU
+// (mean |dlogit| 1.0e-2 in bf16, 1.2e-3 in f16: the 8x of the mantissas, so rounding, not a defect),
+// and the defaults were calibrated on the dense fixtures. Their 16-bit figures are compared with
+// transformers' own 16-bit run instead (docs/qwen3_5.md).
 const std::vector<std::string> kModels = {"llama3", "qwen2", "qwen3", "qwen3_swa", "demo"};
 
 class Correct16 : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};

@@ -23,7 +23,7 @@
 namespace ingot {
 namespace {
 
-const std::vector<std::string> kFixtures = {"llama3", "qwen2", "qwen3", "qwen3_swa"};
+const std::vector<std::string> kFixtures = {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text", "qwen3_5_wrapped", "qwen3_5_pattern"};
 
 // INGOT_SOURCE_DIR in the environment wins, so binaries built here run from the GPU machine's copy.
 std::string fixture_dir(const std::string& name) {

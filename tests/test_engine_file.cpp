@@ -23,7 +23,7 @@ namespace {
 using nlohmann::json;
 using Bytes = std::vector<uint8_t>;
 
-const char* const kFixtures[] = {"llama3", "qwen2", "qwen3", "qwen3_swa"};
+const char* const kFixtures[] = {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text", "qwen3_5_wrapped", "qwen3_5_pattern"};
 
 Bytes read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

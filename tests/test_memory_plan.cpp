@@ -13,7 +13,7 @@
 namespace ingot {
 namespace {
 
-const char* const kFixtures[] = {"llama3", "qwen2", "qwen3", "qwen3_swa"};
+const char* const kFixtures[] = {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text", "qwen3_5_wrapped", "qwen3_5_pattern"};
 
 TEST(MemoryPlan, MatchesWhatTheModelAllocates) {
   auto be = make_cpu_backend();

@@ -41,7 +41,7 @@ TEST_P(Parity, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
-                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "qwen3_swa"),
+                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text", "qwen3_5_wrapped", "qwen3_5_pattern"),
                                             ::testing::Values(CacheLayout::HeadsFirst, CacheLayout::Flattened)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + layout_name(std::get<1>(info.param));

@@ -156,6 +156,15 @@ void Generator::forget_all() {
   for (int s = 0; s < slots(); ++s) forget(s);
 }
 
+size_t Generator::reusable_prefix(const std::vector<int32_t>& cached, const std::vector<int32_t>& prompt) const {
+  // At least the last prompt token is recomputed, for its logits.
+  const size_t common = std::min(common_prefix(cached, prompt), prompt.size() - 1);
+  // A linear-attention state holds the whole cached sequence and cannot be rewound: it is reused only
+  // when the prompt extends all of it (a conversation's next turn), else the row restarts.
+  if (!m_.state().rewindable() && common != cached.size()) return 0;
+  return common;
+}
+
 int Generator::choose_slot(const Request& r) const {
   if (r.slot >= 0) return slots_[size_t(r.slot)].req ? -1 : r.slot;
   int best = -1;
@@ -163,7 +172,7 @@ int Generator::choose_slot(const Request& r) const {
   for (int s = 0; s < slots(); ++s) {
     const Slot& sl = slots_[size_t(s)];
     if (sl.req) continue;
-    const size_t keep = common_prefix(sl.cached, r.prompt);
+    const size_t keep = reusable_prefix(sl.cached, r.prompt);
     if (best < 0 || keep > best_keep || (keep == best_keep && sl.last_used < slots_[size_t(best)].last_used)) {
       best = s;
       best_keep = keep;
@@ -188,8 +197,7 @@ void Generator::admit() {
       continue;
     }
     Slot& sl = slots_[size_t(s)];
-    // Reuse the cached prefix; at least the last prompt token is recomputed, for its logits.
-    const size_t keep = std::min(common_prefix(sl.cached, a.req.prompt), a.req.prompt.size() - 1);
+    const size_t keep = reusable_prefix(sl.cached, a.req.prompt);
     sl.cached.resize(keep);
     sl.last_used = ++stamp_;
     a.prefilled = keep;

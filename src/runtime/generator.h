@@ -151,6 +151,8 @@ class Generator {
     uint64_t last_used = 0;        // admission stamp, for least-recently-used choice
   };
   void admit();
+  // Tokens of a slot's cached sequence that a request of `prompt` can keep.
+  size_t reusable_prefix(const std::vector<int32_t>& cached, const std::vector<int32_t>& prompt) const;
   int choose_slot(const Request& r) const;
   void decode_rows();
   void prefill_rows();
