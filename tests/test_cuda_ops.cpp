@@ -213,6 +213,22 @@ TEST_P(CudaOps, LinearRejectsMixedDtypes) {
                Error);
 }
 
+// The gated attention output (Qwen3.5): x * sigmoid(gate) with the gate a strided column view of a
+// wider buffer, in place, as the model runs it.
+TEST_P(CudaOps, SigmoidGateInPlaceOnStridedGate) {
+  const int64_t T = 5, N = 48, LD = 3 * N;  // gates in columns [2N, 3N) of a [T, 3N] buffer
+  auto x = rnd(size_t(T * N)), wide = rnd(size_t(T * LD));
+  Side& g = *gpu_;
+  Side& c = *cpu_;
+  void *gx = g.put(x), *cx = c.put(x);
+  auto gate = [&](Side& s, void* p) {
+    return Mat{static_cast<uint8_t*>(p) + size_t(2 * N) * dtype_size(s.dt), s.dt, T, N, LD};
+  };
+  gpu_be_->sigmoid_gate(g.m(gx, T, N), gate(g, g.put(wide)), g.m(gx, T, N));
+  cpu_be_->sigmoid_gate(c.m(cx, T, N), gate(c, c.put(wide)), c.m(cx, T, N));
+  expect_close(g.get(gx, size_t(T * N)), c.get(cx, size_t(T * N)), tol(), "sigmoid_gate");
+}
+
 TEST_P(CudaOps, SwigluGatherArgmax) {
   const int64_t T = 4, I = 33, V = 1001;
   auto gu = rnd(size_t(T * 2 * I));
