@@ -84,8 +84,19 @@ void add_inspect(CLI::App& app) {
                 m["weights"]["quantization"].get<std::string>().c_str(), f.tensors.size(), weight_bytes / 1e6);
     std::printf("bounds       max batch %d, capacity %lld\n", f.bounds.max_batch, (long long)f.bounds.capacity);
     const nlohmann::json& kv = m["runtime"]["kv_cache"];
-    std::printf("kv cache     %s %s per layer (K and V), axes %s, capacity on axis %d\n", layout_name(f.bounds.layout).c_str(),
-                kv["shape"].dump().c_str(), kv["axes"].dump().c_str(), kv["capacity_axis"].get<int>());
+    std::printf("kv cache     %s %s per %slayer (K and V), axes %s, capacity on axis %d\n", layout_name(f.bounds.layout).c_str(),
+                kv["shape"].dump().c_str(), kv.contains("attention_layers") ? "attention " : "",
+                kv["axes"].dump().c_str(), kv["capacity_axis"].get<int>());
+    if (kv.contains("attention_layers")) {
+      const nlohmann::json& ls = kv["linear_state"];
+      std::printf("layers       attention %s, linear attention %s (Gated DeltaNet: k heads %lld x %lld, v heads %lld x %lld, "
+                  "conv kernel %lld)\n",
+                  kv["attention_layers"].dump().c_str(), ls["layers"].dump().c_str(), (long long)s.linear.k_heads,
+                  (long long)s.linear.k_dim, (long long)s.linear.v_heads, (long long)s.linear.v_dim,
+                  (long long)s.linear.conv_kernel);
+      std::printf("linear state f32 conv %s + recurrent %s per linear layer (no capacity)\n",
+                  ls["conv"]["shape"].dump().c_str(), ls["recurrent"]["shape"].dump().c_str());
+    }
     std::printf("eos ids      %s\n", ints(s.eos_ids).c_str());
     std::printf("parallel     tensor-parallel world size %d, rank %d\n", f.tp_world_size, f.tp_rank);
     std::printf("requires     CUDA compute capability %d.%d or newer (%s)\n", f.min_cuda_major, f.min_cuda_minor,

@@ -283,8 +283,20 @@ std::string xxh64_hex(uint64_t h) {
 
 json kv_cache_json(const ModelSpec& s, const CacheBounds& b) {
   const KvShape k = kv_shape(s, b);
-  return {{"layout", layout_name(b.layout)}, {"tensors_per_layer", json::array({"k", "v"})}, {"layers", s.layers},
-          {"axes", k.axes}, {"shape", k.shape}, {"capacity_axis", k.capacity_axis}};
+  json j = {{"layout", layout_name(b.layout)}, {"tensors_per_layer", json::array({"k", "v"})}, {"layers", s.layers},
+            {"axes", k.axes}, {"shape", k.shape}, {"capacity_axis", k.capacity_axis}};
+  if (!s.has_linear_layers()) return j;
+  // A hybrid model: K/V only in its attention layers; the linear layers' state (f32) beside them.
+  json attention = json::array(), linear = json::array();
+  for (int64_t l = 0; l < s.layers; ++l) (s.kind(l) == LayerKind::Linear ? linear : attention).push_back(l);
+  j["layers"] = attention.size();
+  j["attention_layers"] = attention;
+  const LinearStateShape ls = linear_state_shape(s, b.max_batch);
+  j["linear_state"] = {{"layers", linear},
+                       {"dtype", "f32"},
+                       {"conv", {{"shape", ls.conv}, {"axes", {"batch", "conv_channels", "kernel-1"}}}},
+                       {"recurrent", {{"shape", ls.recurrent}, {"axes", {"batch", "v_heads", "k_dim", "v_dim"}}}}};
+  return j;
 }
 
 std::pair<int, int> min_cuda_capability(DType dt) { return dt == DType::BF16 ? std::pair{8, 0} : std::pair{7, 0}; }
