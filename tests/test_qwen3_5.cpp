@@ -160,5 +160,28 @@ TEST(Qwen3_5State, AConversationContinuesFromTheStateWithTheTokensOfAFreshRun) {
   EXPECT_EQ(c3.ids, Generator(*fresh2).generate(request(branch, 4)).ids);
 }
 
+// Eight requests at once (different prompt lengths: some prefill while others decode) give each the
+// tokens it gives alone.
+TEST(Qwen3_5State, GreedyTokensAloneEqualInsideABatchOf8) {
+  Fx f;
+  auto one = f.model(1), eight = f.model(8);
+  std::vector<std::vector<int32_t>> alone;
+  Generator g(*eight);
+  std::vector<Completion> done(8);
+  for (int i = 0; i < 8; ++i) {
+    Request r;
+    r.prompt = seq(4 + 3 * i, 10 * i + 1);
+    r.max_new_tokens = 12;
+    Request copy;
+    copy.prompt = r.prompt;
+    copy.max_new_tokens = r.max_new_tokens;
+    alone.push_back(Generator(*one).generate(std::move(copy)).ids);
+    r.on_done = [&done, i](const Completion& c) { done[size_t(i)] = c; };
+    g.submit(std::move(r));
+  }
+  g.run();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(done[size_t(i)].ids, alone[size_t(i)]) << "request " << i;
+}
+
 }  // namespace
 }  // namespace ingot
