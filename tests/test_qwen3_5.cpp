@@ -41,6 +41,20 @@ TEST(Qwen3_5Config, ReadsLayerKindsAndLinearSizes) {
   EXPECT_EQ(back.kinds, s.kinds);
   EXPECT_EQ(back.linear.conv_channels(), s.linear.conv_channels());
   EXPECT_TRUE(back.attn_gate);
+  // Engine metadata is input too: layer kinds on a dense family, a kind list of the wrong length, an
+  // unknown kind or sizes the kernels cannot take are refused, never run.
+  json j = spec_to_json(s);
+  auto refuse = [&](const std::function<void(json&)>& edit, std::initializer_list<std::string> words) {
+    json e = j;
+    edit(e);
+    test::expect_error([&] { spec_from_json(e); }, words);
+  };
+  refuse([](json& e) { e["family"] = "qwen3"; }, {"malformed", "qwen3"});
+  refuse([](json& e) { e["layer_kinds"].erase(0); }, {"malformed", "layer_kinds"});
+  refuse([](json& e) { e["layer_kinds"][1] = "mamba"; }, {"malformed", "mamba"});
+  refuse([](json& e) { e["linear"]["conv_kernel"] = 1; }, {"linear_conv_kernel_dim"});
+  refuse([](json& e) { e["linear"]["v_heads"] = 3; }, {"not a multiple"});
+  refuse([](json& e) { e["linear"]["k_dim"] = "x"; }, {"malformed"});
 }
 
 TEST(Qwen3_5Config, BadValuesNameTheField) {

@@ -292,6 +292,9 @@ ModelSpec spec_from_json(const json& j) {
       s.linear = {l.at("k_heads"), l.at("v_heads"), l.at("k_dim"), l.at("v_dim"), l.at("conv_kernel")};
       check_linear_spec(s, "model metadata");
     }
+    if ((s.attn_gate || !s.kinds.empty()) && !find_family(s.family, "model metadata").hybrid)
+      throw Error("model metadata is malformed: layer kinds or an attention gate for family '" + s.family +
+                  "', whose layers have neither");
     const json& r = j.at("rope");
     s.rope.type = r.at("type");
     s.rope.theta = r.at("theta");

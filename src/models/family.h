@@ -27,6 +27,9 @@ struct Family {
   // A wrapper config (a multimodal model's) keeps the decoder's settings in this sub-object; fields it
   // lacks come from the top level. Null: the settings are at the top level.
   const char* text_config = nullptr;
+  // Whether the family's layers read spec.kinds and spec.attn_gate (a dense family's forward and weight
+  // table ignore them, so metadata that sets them for one is refused).
+  bool hybrid = false;
 };
 
 // The family of model_type, or an Error listing the supported ones (prefixed by `where`, when given).

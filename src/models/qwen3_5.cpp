@@ -134,7 +134,7 @@ void layer(ForwardContext& c, const LayerWeights& w, int i) {
 
 }  // namespace
 
-extern const Family kQwen3_5TextFamily{"qwen3_5_text", 256, configure, weights, layer};
-extern const Family kQwen3_5Family{"qwen3_5", 256, configure, weights, layer, "text_config"};
+extern const Family kQwen3_5TextFamily{"qwen3_5_text", 256, configure, weights, layer, nullptr, true};
+extern const Family kQwen3_5Family{"qwen3_5", 256, configure, weights, layer, "text_config", true};
 
 }  // namespace ingot
