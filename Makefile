@@ -22,10 +22,10 @@ test: build
 # and UBSan (CPU build).
 test-sanitize: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DINGOT_SANITIZE=ON -DINGOT_CUDA=OFF
-	cmake --build build-asan -j$(JOBS) --target ingot test_checkpoint_io test_kv_cache test_engine_file test_bad_input
+	cmake --build build-asan -j$(JOBS) --target ingot test_checkpoint_io test_kv_cache test_engine_file test_bad_input test_qwen3_5
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 INGOT_TEST_TIMEOUT_SCALE=10 \
 	  ctest --test-dir build-asan --output-on-failure \
-	  -R "Safetensors|Checkpoint|BuildEngine|Config|KvCache|AttentionOp|Engine|Refusal|RoundTrip|BadInput"
+	  -R "Safetensors|Checkpoint|BuildEngine|Config|KvCache|AttentionOp|Engine|Refusal|RoundTrip|BadInput|Qwen3_5"
 
 # Each libFuzzer target for a bounded time (FUZZ_SECONDS each).
 FUZZ_SECONDS ?= 20
