@@ -2,7 +2,8 @@
 // the CPU reference: f32/f16/bf16, rows at different slots in one call (a fresh row at slot 0 over a
 // garbage state, rows continuing from a state, a row with fewer tokens than the kernel), in place and
 // out of place, the state carried over several calls, Qwen3.5-9B's head shapes (d_k = d_v = 128,
-// 16/32 heads) and odd ones, and a row outside the call left byte-identical. Inputs are rounded to the
+// 16/32 heads) and odd ones, long runs (the chunked kernel) beside short ones, and a row outside the call
+// left byte-identical. Inputs are rounded to the
 // tested dtype first so both backends see the same values; states are fp32 on both. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -76,8 +77,9 @@ class CudaLinearAttention : public test::CudaVsCpu {
   // The three ops over a sequence of calls on both backends, comparing every output and both states
   // after each call. Each op is compared alone: the CPU's delta rule reads the GPU's conv output and its
   // norm the GPU's delta-rule output (values of the tested dtype), so 16-bit roundings do not compound.
-  // Row `untouched` is never in a call: its GPU state bytes must not change.
-  void run_layer(const Shape& s, const std::vector<std::vector<Piece>>& calls, int untouched) {
+  // Row `untouched` is never in a call: its GPU state bytes must not change. With pass_rows the delta
+  // rule is told the call's row count (as the model does; it picks kernels by it), else 0 (unknown).
+  void run_layer(const Shape& s, const std::vector<std::vector<Piece>>& calls, int untouched, bool pass_rows = false) {
     const int C = s.C(), VD = s.HV * s.DV, QK = s.HK * s.DK;
     const auto conv_w = rnd(size_t(C * s.K), 0.0f, 0.5f), a_log = rnd(size_t(s.HV), -0.5f, 1.0f),
                dt_bias = rnd(size_t(s.HV)), norm_w = rnd(size_t(s.DV), 1.0f, 0.2f);
@@ -136,6 +138,7 @@ class CudaLinearAttention : public test::CudaVsCpu {
         p->k_heads = s.HK, p->v_heads = s.HV, p->d_k = s.DK, p->d_v = s.DV;
         p->state = st;
         p->meta = tm;
+        p->rows = pass_rows ? int(calls[ci].size()) : 0;
         sd->be.gated_delta_rule(*p);
       }
       const auto core_g = g.get(gp.out.data, size_t(T * VD));
@@ -199,13 +202,34 @@ TEST_P(CudaLinearAttention, LongRunAndLargeDk) {
   run_layer({2, 4, 256, 64, 4, 2}, {{{0, 0, 300}}, {{0, 300, 1}}, {{1, 0, 2}, {0, 301, 1}}}, -1);
 }
 
+// Long runs take the chunked kernel (runs of 32 tokens or more unless INGOT_GDN_CHUNK_MIN says
+// otherwise): several rows in one call, at slot 0 over a garbage state and continuing from a state, run
+// lengths that are and are not multiples of the 64-token chunk, beside decode tokens and short runs
+// (the sequential kernel in the same call), then more long runs from the carried states.
+TEST_P(CudaLinearAttention, LongChunkedRuns) {
+  const std::vector<std::vector<Piece>> calls = {
+      {{2, 0, 300}, {0, 7, 1}, {1, 40, 200}, {3, 0, 5}, {4, 0, 64}},
+      {{2, 300, 130}, {3, 5, 33}, {1, 240, 1}, {4, 64, 128}, {0, 8, 31}},
+  };
+  run_layer({16, 32, 128, 128, 4, 6}, calls, 5);        // Qwen3.5-9B's heads
+  run_layer({2, 4, 96, 80, 4, 6}, calls, 5, true);      // d_k != d_v: padded k rows, a partial column tile
+  run_layer({2, 2, 64, 128, 4, 6}, calls, 5, true);     // d_k < d_v, one value head per key head
+}
+
+// One row per call, told so: the long run is the chunked kernel's alone (the sequential one is not
+// launched), then decode from the state it left.
+TEST_P(CudaLinearAttention, SingleRowPrefill) {
+  run_layer({16, 32, 128, 128, 4, 2}, {{{0, 0, 200}}, {{0, 200, 77}}, {{0, 277, 1}}}, 1, true);
+}
+
 // Timing, not a check (run with --gtest_also_run_disabled_tests): the delta rule on Qwen3.5-9B's heads
 // over 48 layers' states in turn (more than L2), captured in a graph, as decode at batch 1, 8 and 64
-// (GB/s of state read + written), and a 4,096-token single-row prefill call.
+// (GB/s of state read + written), and single-row prefill calls of 32 to 4,096 tokens (the chunked kernel
+// unless INGOT_GDN_CHUNK_MIN=0).
 TEST_P(CudaLinearAttention, DISABLED_Timing) {
   const int HK = 16, HV = 32, DK = 128, DV = 128, L = 48, QK = HK * DK, C = 2 * QK + HV * DV;
   Side& g = *gpu_;
-  for (int B : {1, 8, 64, -4096}) {
+  for (int B : {1, 8, 64, -32, -64, -128, -4096}) {
     const int rows = B > 0 ? B : 1, T = B > 0 ? B : -B;
     const size_t st_elems = size_t(rows) * HV * DK * DV;
     std::vector<Buffer> states;
