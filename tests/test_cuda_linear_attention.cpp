@@ -78,7 +78,8 @@ class CudaLinearAttention : public test::CudaVsCpu {
   // after each call. Each op is compared alone: the CPU's delta rule reads the GPU's conv output and its
   // norm the GPU's delta-rule output (values of the tested dtype), so 16-bit roundings do not compound.
   // Row `untouched` is never in a call: its GPU state bytes must not change. With pass_rows the delta
-  // rule is told the call's row count (as the model does; it picks kernels by it), else 0 (unknown).
+  // rule and the conv are told the call's row count (as the model does; they pick kernels by it), else
+  // 0 (unknown).
   void run_layer(const Shape& s, const std::vector<std::vector<Piece>>& calls, int untouched, bool pass_rows = false) {
     const int C = s.C(), VD = s.HV * s.DV, QK = s.HK * s.DK;
     const auto conv_w = rnd(size_t(C * s.K), 0.0f, 0.5f), a_log = rnd(size_t(s.HV), -0.5f, 1.0f),
@@ -113,6 +114,8 @@ class CudaLinearAttention : public test::CudaVsCpu {
         p->kernel = s.K;
         p->state = st;
         p->meta = tm;
+        // Told the row count, out-of-place prefill calls take the token-parallel conv kernel.
+        p->rows = pass_rows ? int(calls[ci].size()) : 0;
         sd->be.causal_conv1d(*p);
       }
       const auto conv_g = g.get(gc.out.data, size_t(T * C));
@@ -185,6 +188,25 @@ std::vector<std::vector<Piece>> mixed_calls() {
       {{3, 3, 1}, {0, 13, 40}, {2, 10, 1}},
       {{2, 11, 1}},
   };
+}
+
+// For the token-parallel conv (out-of-place calls, told the row count: calls 1 and 3): multi-token
+// runs fresh at slot 0 over a garbage state, continuing from a state, and shorter than the kernel's
+// window (whose inputs come partly from the state), beside single tokens; row 4 never in a call.
+std::vector<std::vector<Piece>> token_calls() {
+  return {
+      {{1, 0, 2}},
+      {{2, 0, 9}, {0, 5, 7}, {3, 1, 1}, {1, 2, 2}},
+      {{0, 12, 1}, {2, 9, 1}},
+      {{0, 13, 40}, {1, 4, 1}, {2, 10, 3}, {3, 2, 2}},
+  };
+}
+
+TEST_P(CudaLinearAttention, TokenParallelConv) {
+  run_layer({2, 4, 16, 32, 4, 5}, token_calls(), 4, true);
+  run_layer({3, 6, 48, 40, 3, 5}, token_calls(), 4, true);  // kernel 3, odd sizes
+  run_layer({2, 4, 16, 32, 2, 5}, token_calls(), 4, true);  // kernel 2: a one-input window
+  run_layer({2, 4, 16, 32, 8, 5}, token_calls(), 4, true);  // kernel 8: the widest
 }
 
 TEST_P(CudaLinearAttention, SmallShapes) {

@@ -88,6 +88,7 @@ struct CausalConv1dParams {
   int kernel = 0;                // 2..8
   float* state = nullptr;        // [B, channels, kernel - 1]
   TokenMeta meta;                // row and slot
+  int rows = 0;                  // distinct rows among the tokens (kernel choice); 0 = unknown
 };
 
 // The gated delta rule, per token and value head h (key head h / (v_heads / k_heads)), in fp32:

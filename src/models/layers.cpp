@@ -134,6 +134,7 @@ void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer)
   cp.kernel = int(l.conv_kernel);
   cp.state = st.conv;
   cp.meta = c.meta;
+  cp.rows = c.rows;
   c.be.causal_conv1d(cp);
 
   GatedDeltaRuleParams dp;

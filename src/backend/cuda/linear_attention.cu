@@ -80,6 +80,66 @@ __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(ConvArgs a)
   }
 }
 
+// The same op with one thread per (token, channel), for calls whose runs are long (prefill): the
+// per-channel walk above leaves most of the GPU idle and is latency-bound on a long run. A token's
+// inputs before its run come from the conv state (index (K - 1) - (d - m) for the input d back, with
+// m the run's tokens before it in the window), zero before slot 0. The sum is formed in the walk's
+// order (state taps oldest first, then the token's own input), so both kernels give the same bits
+// whichever a run takes. Not in place (a thread reads inputs other threads' outputs would overwrite);
+// the state is written afterwards by causal_conv1d_state_kernel.
+template <typename T>
+__global__ void __launch_bounds__(kConvThreads) causal_conv1d_tokens_kernel(ConvArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
+  const int64_t t = int64_t(blockIdx.x) / cblocks;
+  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
+  if (c >= a.channels) return;
+  const int K = a.kernel;
+  const int32_t r = a.row[t];
+  const int64_t s = a.slot[t];
+  int m = 0;  // tokens of t's run before it, up to K - 1
+  while (m < K - 1 && t - 1 - m >= 0 && a.row[t - 1 - m] == r) ++m;
+  const T* x = static_cast<const T*>(a.x);
+  const float* st = a.state + (int64_t(r) * a.channels + c) * (K - 1);
+  float acc = 0.f;
+  for (int tap = 0; tap + 1 < K; ++tap) {
+    const int d = (K - 1) - tap;  // how far back this tap reads
+    float v;
+    if (d <= m) v = to_f(x[(t - d) * a.x_ld + c]);
+    else v = s - d >= 0 ? st[(K - 1) - (d - m)] : 0.f;
+    acc += load_any(a.weight, a.weight_dtype, int64_t(c) * K + tap) * v;
+  }
+  acc += load_any(a.weight, a.weight_dtype, int64_t(c) * K + K - 1) * to_f(x[t * a.x_ld + c]);
+  static_cast<T*>(a.out)[t * a.out_ld + c] = from_f<T>(acc / (1.0f + expf(-acc)));
+}
+
+// After causal_conv1d_tokens_kernel: each run's last token's thread leaves the row's last K - 1
+// inputs in the state (from the run, or shifted from the old state for a run shorter than K - 1).
+template <typename T>
+__global__ void __launch_bounds__(kConvThreads) causal_conv1d_state_kernel(ConvArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
+  const int64_t t = int64_t(blockIdx.x) / cblocks;
+  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
+  const int32_t r = a.row[t];
+  if (c >= a.channels || (t + 1 < a.tokens && a.row[t + 1] == r)) return;  // not its run's last token
+  const int K = a.kernel;
+  const int64_t s = a.slot[t];
+  int m = 1;  // tokens of the run ending at t, up to K - 1
+  while (m < K - 1 && t - m >= 0 && a.row[t - m] == r) ++m;
+  const T* x = static_cast<const T*>(a.x);
+  float* st = a.state + (int64_t(r) * a.channels + c) * (K - 1);
+  float next[kMaxKernel - 1];
+  for (int i = 0; i + 1 < K; ++i) {
+    const int d = (K - 2) - i;  // state entry i holds the input d tokens before t
+    if (d < m) next[i] = to_f(x[(t - d) * a.x_ld + c]);
+    else next[i] = s - d >= 0 ? st[(K - 1) - (d - m + 1)] : 0.f;
+  }
+  for (int i = 0; i + 1 < K; ++i) st[i] = next[i];
+}
+
 // ---- gated delta rule -----------------------------------------------------------------------------
 
 struct DeltaArgs {
@@ -657,9 +717,17 @@ void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s) {
   const int64_t blocks = T * ((p.x.cols + kConvThreads - 1) / kConvThreads);
   if (blocks > 0x7fffffff) throw Error("cuda backend: causal_conv1d: too many tokens in one call");
   const dim3 grid{unsigned(blocks)};
+  // Token-parallel when some run is longer than one token (prefill chunks) and the output has its own
+  // buffer; decode steps (one token per row) and in-place calls walk per channel.
+  const bool by_token = p.out.data != p.x.data && p.rows > 0 && T > p.rows;
   dispatch(p.x.dtype, "causal_conv1d", [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    launch("causal_conv1d_kernel", causal_conv1d_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
+    if (by_token) {
+      launch("causal_conv1d_tokens_kernel", causal_conv1d_tokens_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
+      launch("causal_conv1d_state_kernel", causal_conv1d_state_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
+    } else {
+      launch("causal_conv1d_kernel", causal_conv1d_kernel<E>, grid, dim3(kConvThreads), 0, s, a);
+    }
   });
 }
 
