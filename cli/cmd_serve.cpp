@@ -46,34 +46,46 @@ bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-// SIGINT/SIGTERM, taken by one thread with sigwait: blocked here (inherited by every thread made
-// later), so no handler runs at an arbitrary point; the waiting thread stops the server.
+// SIGINT and SIGTERM, blocked from the start of the command, before any thread exists (OpenMP's,
+// the scheduler's, the HTTP pool's inherit the mask), so no thread dies of them and no handler runs
+// at an arbitrary point; StopOnSignal takes them with sigwait.
+class BlockStopSignals {
+ public:
+  BlockStopSignals() {
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, &old_);
+  }
+  ~BlockStopSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  sigset_t set;
+
+ private:
+  sigset_t old_;
+};
+
+// A thread that waits for SIGINT or SIGTERM and stops the server. Made after the server and gone
+// before it.
 class StopOnSignal {
  public:
-  explicit StopOnSignal(server::Server& s) : s_(s) {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    thread_ = std::thread([this] {
+  StopOnSignal(const BlockStopSignals& b, server::Server& s) : set_(b.set) {
+    thread_ = std::thread([this, &s] {
       int sig = 0;
       sigwait(&set_, &sig);
       if (!done_) {
         std::fprintf(stderr, "ingot serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
-        s_.stop();
+        s.stop();
       }
     });
   }
   ~StopOnSignal() {
     done_ = true;
-    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait if no signal came
+    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait when no signal came
     thread_.join();
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
   }
 
  private:
-  server::Server& s_;
-  sigset_t set_, old_;
+  sigset_t set_;
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
@@ -108,10 +120,17 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--chat-template", a->chat_template, "file with a Jinja chat template to use instead of the model's");
   cmd->add_option("--max-body-mb", a->max_body_mb, "largest request body, in MiB")->check(int_range(1, 1024));
   cmd->callback([a] {
+    BlockStopSignals blocked;
     if (a->host.empty()) throw Error("serve: --host is empty (127.0.0.1 for this machine only)");
     // Text in and out: the tokenizer and the template are read (and refused) before the weights.
     a->model.load_spec();  // exactly one of --model / --engine
-    server::ServedModel sm(load_tokenizer(a->model));
+    server::ServedModel sm = [&] {
+      try {
+        return server::ServedModel(load_tokenizer(a->model));
+      } catch (const Error& e) {
+        throw Error(std::string("serve: the server takes and returns text, so it needs the model's tokenizer: ") + e.what());
+      }
+    }();
     if (!a->chat_template.empty()) sm.chat = ChatFormat::from_file(a->chat_template);
     else if (!sm.tokenizer.chat_template().empty()) sm.chat = ChatFormat::from_tokenizer(sm.tokenizer, a->model.source_name());
 
@@ -136,7 +155,7 @@ void add_serve(CLI::App& app) {
     so.max_body_bytes = size_t(a->max_body_mb) << 20;
     server::Server srv(std::move(sm), so);
     const int port = srv.bind();
-    StopOnSignal on_signal(srv);
+    StopOnSignal on_signal(blocked, srv);
     const std::string host = a->host.find(':') != std::string::npos ? "[" + a->host + "]" : a->host;
     std::printf("ingot serve: listening on http://%s:%d (model %s, %d slots x %lld tokens, %s)\n", host.c_str(), port,
                 id.c_str(), a->slots, (long long)loaded.model->state().capacity(), device.c_str());
@@ -144,6 +163,11 @@ void add_serve(CLI::App& app) {
     if (!has_chat)
       std::fprintf(stderr, "warning: %s has no chat template: /v1/chat/completions answers 400 (restart with "
                    "--chat-template FILE); /v1/completions works\n", a->model.source_name().c_str());
+    if (loaded.model->state().capacity() > loaded.model->spec().max_position)
+      std::fprintf(stderr, "warning: --capacity %lld is more than the model's max_position_embeddings (%lld): no request "
+                   "goes past position %lld, so the rest of each slot stays unused\n",
+                   (long long)loaded.model->state().capacity(), (long long)loaded.model->spec().max_position,
+                   (long long)loaded.model->spec().max_position);
     if (!is_loopback(a->host) && a->api_key.empty())
       std::fprintf(stderr, "warning: listening on %s without --api-key: anyone who reaches this address can use it\n",
                    a->host.c_str());
