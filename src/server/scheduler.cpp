@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace ingot::server {
 
@@ -138,7 +139,13 @@ void Scheduler::loop() {
       publish(taken);
       return;
     }
-    if (!gen_.idle()) gen_.step();
+    try {
+      if (!gen_.idle()) gen_.step();
+    } catch (const std::exception& e) {
+      // step() fails requests, not itself, on a model error; what escapes it (out of memory in the
+      // bookkeeping) is reported and the loop goes on, so the server keeps answering.
+      std::fprintf(stderr, "ingot serve: generator step failed: %s\n", e.what());
+    }
     publish(taken);
   }
 }
