@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -84,8 +85,9 @@ struct Server::Impl {
 
   void routes() {
     // Enough threads that every request the queue admits has one while it waits or streams, plus
-    // some for /health, /metrics and /slots.
-    const size_t threads = size_t(gen.slots()) + o.max_queue + 8;
+    // some for /health, /metrics and /slots; at most 1024 (beyond, connections wait in httplib's
+    // own queue for a thread).
+    const size_t threads = std::min<size_t>(size_t(gen.slots()) + o.max_queue + 8, 1024);
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_payload_max_length(o.max_body_bytes);
     http.set_read_timeout(30, 0);
