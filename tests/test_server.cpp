@@ -745,6 +745,31 @@ TEST(Server, SoakWithRandomCancellations) {
   EXPECT_EQ(get(r, "/health").status, 200);
 }
 
+// tools reach the chat template (the test template lists their names), tool_choice "none" keeps them
+// out, and a conversation carrying a tool call and its result is accepted.
+TEST(Server, ToolsReachTheTemplate) {
+  NEED_TOKENIZER();
+  Running r;
+  json req = {{"messages", {{{"role", "user"}, {"content", "What is the weather?"}}}}, {"max_tokens", 3}, {"temperature", 0}};
+  auto prompt_tokens = [&](const json& body) {
+    Answer a = post(r, "/v1/chat/completions", body);
+    EXPECT_EQ(a.status, 200) << a.raw;
+    return a.body["usage"]["prompt_tokens"].get<int>();
+  };
+  const int without = prompt_tokens(req);
+  req["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", json::object()}}}}};
+  EXPECT_GT(prompt_tokens(req), without);
+  req["tool_choice"] = "none";
+  EXPECT_EQ(prompt_tokens(req), without);
+  req.erase("tool_choice");
+  req["messages"].push_back({{"role", "assistant"},
+                             {"content", nullptr},
+                             {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                                              {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}});
+  req["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
+  EXPECT_GT(prompt_tokens(req), without);
+}
+
 TEST(Server, ModelsHealthSlotsAndPage) {
   NEED_TOKENIZER();
   Running r;
