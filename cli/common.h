@@ -40,5 +40,6 @@ void add_chat(CLI::App& app);
 void add_eval(CLI::App& app);  // eval-logits
 void add_build(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace ingot::cli

@@ -152,6 +152,19 @@ void Generator::forget(int slot) {
   slots_[size_t(slot)].cached.clear();
 }
 
+SlotInfo Generator::slot_info(int slot) const {
+  const Slot& sl = slots_.at(size_t(slot));
+  SlotInfo i;
+  i.cached = int64_t(sl.cached.size());
+  if (sl.req) {
+    i.busy = true;
+    i.request = sl.req->out.id;
+    i.prompt_tokens = sl.req->out.prompt_tokens;
+    i.generated = int64_t(sl.req->out.ids.size());
+  }
+  return i;
+}
+
 void Generator::forget_all() {
   for (int s = 0; s < slots(); ++s) forget(s);
 }

@@ -109,6 +109,15 @@ struct GeneratorOptions {
   int64_t prefill_budget = 0;
 };
 
+// What a slot holds now (for a server's /slots page and metrics).
+struct SlotInfo {
+  bool busy = false;
+  RequestId request = 0;      // the request running in it (busy only)
+  int64_t cached = 0;         // token positions whose K/V the row holds (kept for prefix reuse when free)
+  int64_t prompt_tokens = 0;  // the running request's prompt
+  int64_t generated = 0;      // tokens it generated so far
+};
+
 // What the last step did (for tests, metrics and bench).
 struct StepStats {
   int decode_rows = 0;
@@ -139,6 +148,7 @@ class Generator {
   int busy_slots() const { return busy_; }
   size_t queued() const { return queue_.size(); }
   const StepStats& last_step() const { return stats_; }
+  SlotInfo slot_info(int slot) const;  // slot in [0, slots())
   // Forget what a slot (or every slot) caches: its cache row was written outside the generator.
   void forget(int slot);
   void forget_all();

@@ -1,0 +1,95 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace ingot::server {
+
+namespace {
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+
+std::string counter(const std::string& name, const std::string& help, uint64_t v) {
+  return "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + std::to_string(v) + "\n";
+}
+
+std::string gauge(const std::string& name, const std::string& help, int64_t v) {
+  return "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + std::to_string(v) + "\n";
+}
+
+}  // namespace
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t running = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    running += counts_[i];
+    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(running) + "\n";
+  }
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  return out;
+}
+
+// Buckets from a fraction of a millisecond (a GPU decode step) to minutes (a long queue).
+Metrics::Metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      tpot_({0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1}) {}
+
+void Metrics::count_status(int s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++by_status_[s];
+}
+
+uint64_t Metrics::status_count(int s) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = by_status_.find(s);
+  return it == by_status_.end() ? 0 : it->second;
+}
+
+void Metrics::count_finished(const std::string& reason, int64_t prompt, int64_t computed, int64_t generated,
+                             double ttft_s, double decode_s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++finished_[reason];
+  prompt_tokens_ += uint64_t(prompt);
+  computed_prompt_tokens_ += uint64_t(computed);
+  generated_tokens_ += uint64_t(generated);
+  if (generated > 0) ttft_.observe(ttft_s);
+  if (generated > 1) tpot_.observe(decode_s / double(generated - 1));
+}
+
+std::string Metrics::render(const LoadGauges& g) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out = "# HELP ingot_requests_total HTTP answers of the /v1 endpoints, by status\n"
+                    "# TYPE ingot_requests_total counter\n";
+  for (const auto& [s, n] : by_status_) out += "ingot_requests_total{status=\"" + std::to_string(s) + "\"} " + std::to_string(n) + "\n";
+  out += "# HELP ingot_generations_total finished generations (one per choice), by stop reason\n"
+         "# TYPE ingot_generations_total counter\n";
+  for (const auto& [r, n] : finished_) out += "ingot_generations_total{reason=\"" + r + "\"} " + std::to_string(n) + "\n";
+  out += counter("ingot_prompt_tokens_total", "prompt tokens of finished generations", prompt_tokens_);
+  out += counter("ingot_prompt_tokens_computed_total",
+                 "prompt tokens computed (the rest came from a slot's cached prefix)", computed_prompt_tokens_);
+  out += counter("ingot_generated_tokens_total", "tokens generated", generated_tokens_);
+  out += gauge("ingot_queue_length", "requests waiting for a slot", g.queued);
+  out += gauge("ingot_slots_busy", "cache rows running a request", g.slots_busy);
+  out += gauge("ingot_slots_total", "cache rows (--slots)", g.slots_total);
+  out += gauge("ingot_kv_positions_used", "token positions held in the KV cache (running or kept for prefix reuse)",
+               g.kv_positions_used);
+  out += gauge("ingot_kv_positions_total", "token positions of the KV cache (slots x capacity)", g.kv_positions_total);
+  out += ttft_.render("ingot_time_to_first_token_seconds", "submit to first token, queueing included");
+  out += tpot_.render("ingot_time_per_output_token_seconds", "decode time per token after the first, per generation");
+  return out;
+}
+
+}  // namespace ingot::server
