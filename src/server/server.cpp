@@ -132,7 +132,9 @@ struct Server::Impl {
       }
       send_error(res, ApiError(500, "internal error: " + what, "", "internal_error", "server_error"));
     });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Counted before the answer is written (the post-routing hook runs then, the logger only after the
+    // client has it), so a client that reads /metrics right after an answer sees it counted.
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (is_api_path(req.path)) metrics.count_status(res.status);
     });
 
