@@ -204,12 +204,11 @@ void add_bench(CLI::App& app) {
       const double mean_ctx = a->prompt_len + (steps - 1) / 2.0;
       // Only attention layers keep K/V; each linear-attention layer reads and writes its rows' f32
       // conv and recurrent state once per step.
-      int64_t attention_layers = 0;
-      for (int64_t l = 0; l < s.layers; ++l) attention_layers += s.kind(l) == LayerKind::Attention;
+      const int64_t attention_layers = s.layers_of(LayerKind::Attention);
       const double kv = double(B) * mean_ctx * double(attention_layers) * 2.0 * double(s.kv_dim()) *
                         double(dtype_size(backend->activation_dtype()));
       const LinearStateShape ls = linear_state_shape(s, B);
-      const double state = double(s.layers - attention_layers) * double(numel(ls.conv) + numel(ls.recurrent)) * 4.0;
+      const double state = double(s.layers_of(LayerKind::Linear)) * double(numel(ls.conv) + numel(ls.recurrent)) * 4.0;
       const double step_bytes = double(m.weight_bytes()) - embed + kv + 2.0 * state;
       r["decode_bytes_per_step"] = step_bytes;
       r["decode_kv_bytes_per_step"] = kv;

@@ -78,11 +78,12 @@ struct ModelSpec {
   // Width of the fused q|k|v projection (plus the gates when attn_gate).
   int64_t qkv_width() const { return q_dim() * (attn_gate ? 2 : 1) + 2 * kv_dim(); }
   LayerKind kind(int64_t layer) const { return kinds.empty() ? LayerKind::Attention : kinds[size_t(layer)]; }
-  bool has_linear_layers() const {
-    for (LayerKind k : kinds)
-      if (k == LayerKind::Linear) return true;
-    return false;
+  int64_t layers_of(LayerKind k) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < layers; ++l) n += kind(l) == k;
+    return n;
   }
+  bool has_linear_layers() const { return layers_of(LayerKind::Linear) > 0; }
   int64_t rope_dim() const { return int64_t(double(head_dim) * rope.partial_rotary_factor); }
 };
 

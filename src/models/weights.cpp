@@ -17,9 +17,8 @@ void WeightTable::add_model(const DevWeight* ModelWeights::*field, std::string n
                             WeightInit init, WeightStorage storage) {
   WeightSpec w;
   w.name = std::move(name);
-  w.shape = storage.shape ? *storage.shape : Shape(source.shape);
-  w.shape[0] = storage.shape ? w.shape[0] : source.rows();
   w.sources = {std::move(source)};
+  w.shape = storage.shape ? *storage.shape : stacked_rows(w.sources);
   w.init = init;
   w.storage = std::move(storage);
   w.model_field = field;

@@ -21,8 +21,7 @@ std::optional<size_t> State::bytes(const ModelSpec& spec, const CacheBounds& bou
       if (d < 0 || __builtin_mul_overflow(n, size_t(d), &n)) return std::nullopt;
     return n;
   };
-  size_t attention = 0, linear = 0;
-  for (int64_t l = 0; l < spec.layers; ++l) (spec.kind(l) == LayerKind::Linear ? linear : attention) += 1;
+  const size_t attention = size_t(spec.layers_of(LayerKind::Attention)), linear = size_t(spec.layers_of(LayerKind::Linear));
   // K and V of every attention layer.
   std::optional<size_t> kv = product(dtype_size(dtype), kv_shape(spec, bounds).shape);
   size_t n = 0;

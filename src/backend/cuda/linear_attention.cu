@@ -32,6 +32,17 @@ struct ConvArgs {
 constexpr int kConvThreads = 128;
 constexpr int kMaxKernel = 8;
 
+// The token and channel of a conv kernel's thread: a flattened grid of tokens x channel blocks, the
+// token slowest (the first tokens' blocks, those that work in the per-run walk, are dispatched first).
+struct ConvThread {
+  int64_t t;
+  int c;
+};
+__device__ inline ConvThread conv_thread(const ConvArgs& a) {
+  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
+  return {int64_t(blockIdx.x) / cblocks, int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x)};
+}
+
 // One thread per (row run, channel): the window of the last kernel - 1 inputs lives in registers,
 // right-aligned in a kMaxKernel - 1 array (unused leading taps have weight 0), so in-place operation is
 // safe (each input is read before its output is written, by the same thread).
@@ -39,12 +50,11 @@ template <typename T>
 __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(ConvArgs a) {
   pdl_wait();
   pdl_trigger();
-  // Flattened grid, the token slowest (the working blocks are dispatched first).
-  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
-  const int64_t t0 = int64_t(blockIdx.x) / cblocks;
+  const ConvThread th = conv_thread(a);
+  const int64_t t0 = th.t;
   const int32_t r = a.row[t0];
   if (t0 > 0 && a.row[t0 - 1] == r) return;  // not the first token of its row's run
-  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
+  const int c = th.c;
   if (c >= a.channels) return;
   const int K = a.kernel, M = kMaxKernel - 1;
   float w[kMaxKernel], hist[kMaxKernel - 1];
@@ -91,9 +101,9 @@ template <typename T>
 __global__ void __launch_bounds__(kConvThreads) causal_conv1d_tokens_kernel(ConvArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
-  const int64_t t = int64_t(blockIdx.x) / cblocks;
-  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
+  const ConvThread th = conv_thread(a);
+  const int64_t t = th.t;
+  const int c = th.c;
   if (c >= a.channels) return;
   const int K = a.kernel;
   const int32_t r = a.row[t];
@@ -120,9 +130,9 @@ template <typename T>
 __global__ void __launch_bounds__(kConvThreads) causal_conv1d_state_kernel(ConvArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int cblocks = (a.channels + kConvThreads - 1) / kConvThreads;
-  const int64_t t = int64_t(blockIdx.x) / cblocks;
-  const int c = int(int64_t(blockIdx.x) % cblocks) * kConvThreads + int(threadIdx.x);
+  const ConvThread th = conv_thread(a);
+  const int64_t t = th.t;
+  const int c = th.c;
   const int32_t r = a.row[t];
   if (c >= a.channels || (t + 1 < a.tokens && a.row[t + 1] == r)) return;  // not its run's last token
   const int K = a.kernel;
