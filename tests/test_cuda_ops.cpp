@@ -406,14 +406,16 @@ TEST_P(CudaOps, MemoryAndBandwidth) {
 
 // Calls with many query tokens per row take the tensor-core prefill kernel in 16-bit (the rows hint
 // says how many rows the tokens come from): several rows share 64-token tiles, one row windowed,
-// rows at other write indices, and a token with nothing visible (zeros).
+// rows at other write indices, and a token with nothing visible (zeros); head_dim 64, 128 and 256
+// (Qwen3.5's, whose kernel keeps Q in shared memory and takes 32-key tiles).
 TEST_P(CudaOps, AttentionPrefill) {
   struct Case {
     int q_heads, kv_heads, head_dim, window, capacity;
     bool heads_first, bound_is_capacity;
   };
   for (Case cs : {Case{32, 8, 128, 0, 300, true, false}, Case{8, 2, 64, 20, 256, false, true},
-                  Case{4, 4, 128, 0, 200, false, true}, Case{16, 2, 64, 0, 1100, true, false}}) {
+                  Case{4, 4, 128, 0, 200, false, true}, Case{16, 2, 64, 0, 1100, true, false},
+                  Case{16, 4, 256, 0, 300, true, false}, Case{8, 2, 256, 20, 1100, false, true}}) {
     const CacheSpec cspec{4, cs.kv_heads, cs.capacity, cs.head_dim, cs.heads_first};
     std::vector<Chunk> chunks = {{1, 0, 100}, {0, 37, 70}, {2, 5, 30}};
     if (cs.capacity > 1000) chunks.push_back({3, 900, 150});

@@ -1,4 +1,4 @@
-// Tensor-core attention for prefill: many query tokens per cache row, fp16/bf16, head_dim 64 or 128.
+// Tensor-core attention for prefill: many query tokens per cache row, fp16/bf16, head_dim 64, 128 or 256.
 // Written by hand because no library here computes attention over our static cache with its mask
 // (per-token cache row, causal slot, valid length, sliding window).
 //
@@ -24,8 +24,7 @@
 namespace ingot::cuda {
 namespace {
 
-constexpr int kBq = 64;   // query tokens per block, 16 per warp
-constexpr int kBk = 64;   // keys per tile
+constexpr int kBq = 64;  // query tokens per block, 16 per warp
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 // The kernel pays off once rows bring many query tokens; decode-like calls keep the split-KV kernel.
@@ -95,19 +94,31 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(p)));
 }
 
+// Per head size: keys per tile, and whether the Q fragments live in registers. At head_dim 256 the
+// output accumulator alone takes 128 registers a thread, so Q is re-read from shared memory each tile
+// (ldmatrix is cheap beside the mma it feeds) and tiles hold 32 keys, which keeps the kernel free of
+// spills and its shared memory at 99 KiB (two blocks per SM).
+template <int D>
+struct Tile {
+  static constexpr int kBk = D > 128 ? 32 : 64;
+  static constexpr bool kQInRegisters = D <= 128;
+};
 template <int D>
 __host__ __device__ constexpr int smem_stride() {
   return D + 8;  // 16 bytes of padding: the 8 rows an ldmatrix phase reads fall in distinct banks
 }
 template <typename T, int D>
 constexpr size_t smem_bytes() {
-  return size_t(kBq + 4 * kBk) * smem_stride<D>() * sizeof(T);  // Q, then K and V twice (double buffer)
+  // Q, then K and V twice (double buffer)
+  return size_t(kBq + 4 * Tile<D>::kBk) * smem_stride<D>() * sizeof(T);
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillParams p) {
   constexpr int SD = smem_stride<D>();
   constexpr int CH = D / 8;  // 16-byte chunks per row
+  constexpr int kBk = Tile<D>::kBk;
+  constexpr bool kQReg = Tile<D>::kQInRegisters;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kBq][SD]
   T* sK = sQ + kBq * SD;                   // [2][kBk][SD]
@@ -150,12 +161,13 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
   cp_async_wait<0>();
   __syncthreads();
 
-  // Q fragments (A operand, 16 rows x 16 dims per k-step) stay in registers for the whole block.
-  uint32_t qf[D / 16][4];
-  {
-    const int mi = lane >> 3, r = warp * 16 + (mi & 1) * 8 + (lane & 7);
+  // Q fragments (A operand, 16 rows x 16 dims per k-step): this thread's ldmatrix source row, and the
+  // fragments kept in registers for the whole block when the head is small enough.
+  const T* q_frag_src = sQ + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SD + (lane >> 4) * 8;
+  uint32_t qf[kQReg ? D / 16 : 1][4];
+  if constexpr (kQReg) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sQ + r * SD + kk * 16 + (mi >> 1) * 8);
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_frag_src + kk * 16);
   }
   const int ra = warp * 16 + g, rb = ra + 8;  // the two query rows of this thread's accumulators
 
@@ -233,12 +245,19 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
         const int mi = lane >> 3;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t qa[4];
+          if constexpr (kQReg) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
+          } else {
+            ldmatrix_x4(qa, q_frag_src + kk * 16);
+          }
 #pragma unroll
           for (int np = 0; np < kBk / 16; ++np) {
             uint32_t b[4];
             ldmatrix_x4(b, tk + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * SD + kk * 16 + (mi & 1) * 8);
-            Mma<T>::run(s[2 * np], qf[kk], b[0], b[1]);
-            Mma<T>::run(s[2 * np + 1], qf[kk], b[2], b[3]);
+            Mma<T>::run(s[2 * np], qa, b[0], b[1]);
+            Mma<T>::run(s[2 * np + 1], qa, b[2], b[3]);
           }
         }
         // Mask, then the online softmax update of each row (4 lanes share a row: reduce over them).
@@ -343,7 +362,7 @@ bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s) {
   const int64_t T = p.q.rows;
   const int D = p.head_dim;
   if (p.q.dtype != DType::F16 && p.q.dtype != DType::BF16) return false;
-  if (D != 64 && D != 128) return false;
+  if (D != 64 && D != 128 && D != 256) return false;
   if (p.rows <= 0 || T < kBq || T < int64_t(p.rows) * kMinTokensPerRow) return false;
   if (T > INT_MAX || p.cache.capacity > INT_MAX) return false;
   // 16-byte chunks of every row: base pointers and strides in whole 16-byte units.
@@ -372,10 +391,12 @@ bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s) {
                    p.scale * 1.4426950408889634f};
   if (p.q.dtype == DType::F16) {
     if (D == 64) launch_prefill<__half, 64>(pp, s);
-    else launch_prefill<__half, 128>(pp, s);
+    else if (D == 128) launch_prefill<__half, 128>(pp, s);
+    else launch_prefill<__half, 256>(pp, s);
   } else {
     if (D == 64) launch_prefill<__nv_bfloat16, 64>(pp, s);
-    else launch_prefill<__nv_bfloat16, 128>(pp, s);
+    else if (D == 128) launch_prefill<__nv_bfloat16, 128>(pp, s);
+    else launch_prefill<__nv_bfloat16, 256>(pp, s);
   }
   return true;
 }
