@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Load on a running `ingot serve`: N concurrent streaming clients, M requests each, random prompt and
 reply lengths (prompts are random token ids, so their lengths are exact), optionally some streams
-dropped midway (a soak of cancellation). Prints one JSON line: requests/s, output tokens/s, time to
-first token and time per output token (p50/p99), errors, and whether every slot was free afterwards.
+dropped midway (a soak of cancellation), optionally arriving at random moments. Prints one JSON line:
+requests/s, output tokens/s, time to first token and time per output token (p50/p99), errors, and
+whether every slot was free afterwards. With --compare-alone, every completed request is then sent
+again on its own, one at a time, and its text compared with what it gave under load (the batch
+invariance test of issue 11: greedy output must not depend on what runs beside it).
 Python's standard library only, so it runs wherever the server does.
 
 Usage: python3 bench/serve_load.py --url http://127.0.0.1:8080 --clients 64 --requests 10 \
-         [--prompt-tokens 32:512] [--max-tokens 16:256] [--drop 0.1] [--api-key KEY] [--seed 1]
+         [--prompt-tokens 32:512] [--max-tokens 16:256] [--drop 0.1] [--arrival-ms 2000] \
+         [--compare-alone] [--api-key KEY] [--seed 1]
 """
 import argparse
 import http.client
@@ -41,6 +45,7 @@ class Load:
         self.lock = threading.Lock()
         self.ttft, self.tpot, self.errors = [], [], []
         self.tokens = self.done = self.dropped = 0
+        self.finished = []  # (request body, text) of each completed request, for --compare-alone
 
     def get(self, path):
         c = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -52,12 +57,19 @@ class Load:
             raise RuntimeError(f"GET {path}: HTTP {r.status} {body[:200]!r}")
         return json.loads(body)
 
-    def one(self, rng, vocab):
+    def one(self, rng, vocab, body=None):
+        """Streams one request (a random one unless body is given); returns its text when it completed."""
         a = self.args
-        prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(*a.prompt_tokens))]
-        body = {"prompt": prompt, "max_tokens": rng.randint(*a.max_tokens), "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True}
-        drop_after = rng.randint(1, 8) if rng.random() < a.drop else None
+        if body is None:
+            prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(*a.prompt_tokens))]
+            body = {"prompt": prompt, "max_tokens": rng.randint(*a.max_tokens), "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}, "ignore_eos": True}
+            drop_after = rng.randint(1, 8) if rng.random() < a.drop else None
+            if a.arrival_ms > 0:
+                time.sleep(rng.uniform(0, a.arrival_ms) / 1e3)
+        else:
+            drop_after = None
+        text = []
         c = http.client.HTTPConnection(self.host, self.port, timeout=600)
         t0 = time.perf_counter()
         first = last = None
@@ -83,6 +95,7 @@ class Load:
                     raise RuntimeError(chunk["error"]["message"])
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                text.extend(ch.get("text", "") for ch in chunk.get("choices", []))
                 if any(ch.get("text") for ch in chunk.get("choices", [])):
                     now = time.perf_counter()
                     first = first or now
@@ -91,21 +104,23 @@ class Load:
                 if drop_after is not None and events >= drop_after:
                     with self.lock:
                         self.dropped += 1
-                    return
+                    return None
         except Exception as e:  # every failure is counted and shown, none stops the run
             with self.lock:
                 self.errors.append(str(e))
-            return
+            return None
         finally:
             c.close()
         n = usage["completion_tokens"] if usage else 0
         with self.lock:
+            self.finished.append((body, "".join(text)))
             self.done += 1
             self.tokens += n
             if first:
                 self.ttft.append(first - t0)
             if first and n > 1:
                 self.tpot.append((last - first) / (n - 1))
+        return "".join(text)
 
     def client(self, i, vocab):
         rng = random.Random(self.args.seed * 1000003 + i)
@@ -135,7 +150,22 @@ class Load:
             "ttft_ms_p50": ms(pct(self.ttft, 50)), "ttft_ms_p99": ms(pct(self.ttft, 99)),
             "tpot_ms_p50": ms(pct(self.tpot, 50)), "tpot_ms_p99": ms(pct(self.tpot, 99)),
             "slots_busy_after": sum(1 for s in slots if s["busy"]),
+            **(self.compare_alone() if self.args.compare_alone else {}),
         }
+
+    def compare_alone(self):
+        """Each completed request again, alone: the same text, or the first difference is shown."""
+        under_load = list(self.finished)
+        same, first_diff = 0, None
+        for body, text in under_load:
+            alone = self.one(None, 0, body)
+            if alone == text:
+                same += 1
+            elif first_diff is None:
+                at = next((i for i, (x, y) in enumerate(zip(alone or "", text)) if x != y), min(len(alone or ""), len(text)))
+                first_diff = {"prompt_tokens": len(body["prompt"]), "max_tokens": body["max_tokens"], "char": at,
+                              "alone": (alone or "")[max(0, at - 20):at + 40], "under_load": text[max(0, at - 20):at + 40]}
+        return {"alone_compared": len(under_load), "alone_identical": same, "alone_first_difference": first_diff}
 
 
 def main():
@@ -146,12 +176,17 @@ def main():
     p.add_argument("--prompt-tokens", type=span, default=(32, 512), help="LO:HI, drawn per request")
     p.add_argument("--max-tokens", type=span, default=(16, 256), help="LO:HI, drawn per request")
     p.add_argument("--drop", type=float, default=0.0, help="fraction of streams the client drops midway")
+    p.add_argument("--arrival-ms", type=float, default=0.0,
+                   help="each request waits a random 0..MS milliseconds before it is sent (random arrival times)")
+    p.add_argument("--compare-alone", action="store_true",
+                   help="then send each completed request alone and compare its text (batch invariance)")
     p.add_argument("--api-key", default="")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     out = Load(args).run()
     print(json.dumps(out))
-    raise SystemExit(1 if out["errors"] or out["slots_busy_after"] else 0)
+    differs = args.compare_alone and out["alone_identical"] != out["alone_compared"]
+    raise SystemExit(1 if out["errors"] or out["slots_busy_after"] or differs else 0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import time
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+
+from random_checkpoint import random_model
 
 
 def last_logits(model, ids, lengths, dtype):
@@ -52,28 +53,9 @@ def main():
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(a.seed)
     model_dir = os.path.join(a.workdir, "model")
-    os.makedirs(model_dir, exist_ok=True)
-    cfg_json = json.load(open(a.config))
-    cfg_json["torch_dtype"] = "bfloat16"
-    json.dump(cfg_json, open(os.path.join(model_dir, "config.json"), "w"), indent=2)
-    cfg = AutoConfig.from_pretrained(model_dir)
-    std = getattr(cfg, "initializer_range", 0.02)
     t0 = time.time()
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std)
-            p.copy_(p.to(torch.bfloat16).float())  # bf16-representable: all engines see the same weights
-    sd = {k: v.to(torch.bfloat16).cpu().contiguous() for k, v in model.state_dict().items()
-          if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
-    save_file(sd, os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})
-    del sd
+    model, cfg = random_model(a.config, model_dir, a.seed)
     print(f"weights ready in {time.time() - t0:.1f}s", flush=True)
 
     g = torch.Generator().manual_seed(a.seed + 1)
