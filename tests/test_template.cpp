@@ -103,6 +103,42 @@ TEST(TemplateGolden, ModelTemplatesMatchTransformers) {
   EXPECT_EQ(checked, expected);
 }
 
+// A model's own template is not committed (it is the model maker's text): when one is put under
+// .cache/qwen3_5/ (docs/chat-templates.md, "Qwen3.5"), this renders the committed contexts over it
+// and writes ingot.json beside it for tools/render_chat_template.py --compare on the GPU machine;
+// when that script's transformers.json has come back, every case must match it byte for byte.
+TEST(TemplateGolden, CachedQwen3_5TemplateMatchesTransformers) {
+  const fs::path dir = tokenizer_cache().parent_path() / "qwen3_5";
+  if (!fs::exists(dir / "chat_template.jinja"))
+    GTEST_SKIP() << dir / "chat_template.jinja" << " absent (the model's template is not committed)";
+  std::ifstream in(dir / "chat_template.jinja", std::ios::binary);
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json cases = read_json(kSource / "tests/data/template/qwen3_5_contexts.json")["cases"];
+  // The tokenizer the script is given (qwen3's folder) passes its eos_token and no bos_token.
+  const json special = {{"eos_token", "<|im_end|>"}};
+  json results = json::object();
+  for (const auto& c : cases) {
+    try {
+      results[c["name"].get<std::string>()] = {{"rendered", render_case(c, source, special)}};
+    } catch (const ingot::Error& e) {
+      results[c["name"].get<std::string>()] = {{"error", e.what()}};
+    }
+  }
+  std::ofstream(dir / "ingot.json")
+      << json{{"generator", {{"renderer", "ingot test_template"}}}, {"cases", results}}.dump(1) << "\n";
+  if (!fs::exists(dir / "transformers.json"))
+    GTEST_SKIP() << "wrote " << dir / "ingot.json" << "; no transformers.json to compare with yet";
+  const json want = read_json(dir / "transformers.json")["cases"];
+  ASSERT_EQ(want.size(), results.size());
+  for (const auto& [name, w] : want.items()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(results.contains(name));
+    EXPECT_EQ(w.contains("error"), results[name].contains("error")) << results[name].dump();
+    if (w.contains("rendered") && results[name].contains("rendered"))
+      EXPECT_EQ(results[name]["rendered"].get<std::string>(), w["rendered"].get<std::string>());
+  }
+}
+
 // --- language units ---------------------------------------------------------------------------
 
 std::string R(const std::string& src, const json& ctx = json::object(), Limits lim = {}) {
