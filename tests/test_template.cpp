@@ -259,6 +259,26 @@ TEST(TemplateLanguage, Filters) {
   EXPECT_NE(error_of("{{ [1]|select('odd') }}").find("apply |list"), std::string::npos);
 }
 
+// |safe gives Jinja's Markup, and markupsafe escapes the plain operand of a + even though transformers
+// runs without autoescape (a template joining '<parameter=' + name + '>' with a |safe value gets
+// entities); `~` and printing do not escape. Each expectation is what jinja2 3.1.6 renders.
+TEST(TemplateLanguage, SafeStringsEscapeWhatTheyAreAddedTo) {
+  const json ctx = {{"q", "\"'"}};
+  EXPECT_EQ(R("{{ '<a&' ~ q ~ '>' + ('<b>'|safe) }}", ctx), "&lt;a&amp;&#34;&#39;&gt;<b>");
+  EXPECT_EQ(R("{{ ('<b>'|safe) + '<c>' }}|{{ ('<b>'|safe) ~ '<' }}|{{ ('a'|safe) + ('<'|safe) }}"), "<b>&lt;c&gt;|<b><|a<");
+  // The mark survives trim, string, upper and strip(); replace and tojson give plain strings.
+  EXPECT_EQ(R("{{ (('<b>'|safe)|trim) + '<' }}|{{ (('<b>'|safe)|string) + '<' }}|{{ ('x'|safe|upper) + '<' }}"
+              "|{{ ('x'|safe).strip() + '<' }}|{{ ('x'|safe|replace('x', 'y')) + '<' }}|{{ ('a'|safe)|tojson + '<' }}"),
+            "<b>&lt;|<b>&lt;|X&lt;|x&lt;|y<|\"a\"<");
+  EXPECT_EQ(R("{% set x = ('a'|safe) %}{% set y = x + '<' %}{{ y + '>' }}"), "a&lt;&gt;");
+  // Anything made safe is a string: its length is the text's; None and numbers print as in Python.
+  EXPECT_EQ(R("{{ ([1, 2]|safe)|length }}|{{ (none|safe) + '<' }}|{{ (5|safe) + '<' }}|{{ [('<b>'|safe)] }}"),
+            "6|None&lt;|5&lt;|[Markup('<b>')]");
+  EXPECT_NE(error_of("{{ ('a'|safe) + 1 }}").find("TypeError"), std::string::npos);
+  // Qwen3.5's way: a value made safe and printed on its own is not escaped.
+  EXPECT_EQ(R("{% set v = {'k': '<&>'}|tojson|safe %}{{ '<p>' }}{{ v }}"), "<p>{\"k\": \"<&>\"}");
+}
+
 TEST(TemplateLanguage, ToJsonFollowsPythonJsonDumps) {
   json ctx = json::parse(R"({"d": {"z": 1, "a": [1.5, null, true, "\u00e9\n\"<&>"], "e": {}}})");
   EXPECT_EQ(R("{{ d|tojson }}", ctx), "{\"z\": 1, \"a\": [1.5, null, true, \"\xc3\xa9\\n\\\"<&>\"], \"e\": {}}");
