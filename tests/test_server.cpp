@@ -58,6 +58,7 @@ struct ServerSetup {
   size_t queue = 64;
   std::string api_key;
   bool chat = true;
+  std::string chat_template = kTemplate;
   size_t max_body = size_t(1) << 20;
 };
 
@@ -75,7 +76,7 @@ class Running {
     loaded_ = load(ls, rt);
     server::ServedModel m(tok::Tokenizer::from_folder(demo_dir()));
     m.model = loaded_.model.get();
-    if (s.chat) m.chat = ChatFormat::from_file(kTemplate);
+    if (s.chat) m.chat = ChatFormat::from_file(s.chat_template);
     for (int64_t e : loaded_.engine->spec.eos_ids) m.eos_ids.push_back(int32_t(e));
     for (int32_t e : m.tokenizer.eos_ids()) m.eos_ids.push_back(e);
     m.id = "demo";
@@ -634,6 +635,45 @@ TEST(Server, ToolsReachTheTemplate) {
                                               {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}});
   req["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
   EXPECT_GT(prompt_tokens(req), without);
+}
+
+// A template of Qwen3.5's kind (tests/data/server/xml_tools_template.jinja, written for these tests)
+// reads each past call's arguments as a mapping (|items) and writes them as <parameter=...> lines: a
+// conversation whose calls carry OpenAI's JSON-text arguments, with two tool results in a row,
+// renders; a reply without tool-call markup (the demo model writes stories) stays plain content.
+TEST(Server, XmlToolTemplateRendersCallHistory) {
+  NEED_TOKENIZER();
+  ServerSetup s;
+  s.chat_template = kSrc + "/tests/data/server/xml_tools_template.jinja";
+  Running r(s);
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");
+  json req = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris and Rome?"}}}},
+              {"tools", tools}, {"max_tokens", 3}, {"temperature", 0}};
+  Answer first = post(r, "/v1/chat/completions", req);
+  ASSERT_EQ(first.status, 200) << first.raw;
+  req["messages"].push_back(json::parse(R"({"role": "assistant", "content": null, "tool_calls": [
+      {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+      {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]})"));
+  req["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
+  req["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_2"}, {"content", "rain"}});
+  for (bool stream : {false, true}) {
+    req["stream"] = stream;
+    if (!stream) {
+      Answer a = post(r, "/v1/chat/completions", req);
+      ASSERT_EQ(a.status, 200) << a.raw;
+      EXPECT_GT(a.body["usage"]["prompt_tokens"].get<int>(), first.body["usage"]["prompt_tokens"].get<int>() + 20);
+      const json& choice = a.body["choices"][0];
+      EXPECT_FALSE(choice["message"].contains("tool_calls")) << a.raw;
+      EXPECT_TRUE(choice["message"]["content"].is_string());
+      EXPECT_EQ(choice["finish_reason"], "length");
+      continue;
+    }
+    Answer a = post(r, "/v1/chat/completions", req);
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.raw.find("tool_calls"), std::string::npos) << a.raw;
+    EXPECT_NE(a.raw.find("\"finish_reason\":\"length\""), std::string::npos) << a.raw;
+  }
 }
 
 TEST(Server, ModelsHealthSlotsAndPage) {

@@ -160,5 +160,124 @@ TEST(ServerOutput, ReasoningAndToolCallsSplitTheSameAnyWayTheTextArrives) {
   EXPECT_EQ(plain.push("<think>a</think>").content + plain.finish().content, "<think>a</think>");
 }
 
+// Qwen3.5's tool list: one tool with a parameter of each schema type the value rule distinguishes.
+const nlohmann::ordered_json kTools = nlohmann::ordered_json::parse(R"([
+  {"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "nights": {"type": "integer"}, "price": {"type": "number"},
+    "breakfast": {"type": "boolean"}, "extras": {"type": "object"}, "guests": {"type": "array"},
+    "note": {"type": ["string", "null"]}, "floor": {"type": ["integer", "null"]}, "free": {}}}}}])");
+
+// The XML form as the Qwen3.5 template writes it, split every way, typed by the tool's schema.
+TEST(ServerOutput, XmlToolCallsSplitTheSameAnyWayTheTextArrives) {
+  const std::string text =
+      "<think>\nwhich hotel\n</think>\n\nBooking now.\n\n<tool_call>\n<function=book>\n"
+      "<parameter=city>\n42\n</parameter>\n<parameter=nights>\n3\n</parameter>\n"
+      "<parameter=extras>\n{\"late\": true, \"b\": [1, 2]}\n</parameter>\n</function>\n</tool_call>\n"
+      "<tool_call>\n<function=book>\n<parameter=city>\nSão Paulo\n\n  two lines\n</parameter>\n</function>\n</tool_call>";
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    server::OutputParser p(true, false, kTools);
+    server::TextDelta a = p.push(text.substr(0, cut)), b = p.push(text.substr(cut)), c = p.finish();
+    EXPECT_EQ(a.reasoning + b.reasoning + c.reasoning, "\nwhich hotel\n") << cut;
+    EXPECT_EQ(a.content + b.content + c.content, "Booking now.\n\n") << cut;
+    ASSERT_EQ(p.tool_calls().size(), 2u) << cut;
+    EXPECT_EQ(p.tool_calls()[0].name, "book");
+    // city is a string: "42" stays text; the object is decoded, its keys kept in the model's order.
+    EXPECT_EQ(p.tool_calls()[0].arguments, R"({"city":"42","nights":3,"extras":{"late":true,"b":[1,2]}})");
+    // Only the newline after the opening tag and the one before the closing tag are markup.
+    EXPECT_EQ(p.tool_calls()[1].arguments, R"({"city":"São Paulo\n\n  two lines"})");
+  }
+}
+
+// Qwen3.5's generation prompt opens <think> itself (enable_thinking unset or true).
+TEST(ServerOutput, Qwen3_5PromptOpensThinkingAndTheReplyEndsInACall) {
+  server::OutputParser p(true, true, kTools);
+  server::TextDelta d = p.push("Need a hotel.\n</think>\n\n<tool_call>\n<function=book>\n<parameter=nights>\n2\n");
+  EXPECT_EQ(d.reasoning, "Need a hotel.\n");
+  EXPECT_EQ(d.content, "");
+  d = p.push("</parameter>\n</function>\n</tool_call>");
+  EXPECT_TRUE(d.empty());
+  EXPECT_TRUE(p.finish().empty());
+  ASSERT_EQ(p.tool_calls().size(), 1u);
+  EXPECT_EQ(p.tool_calls()[0].arguments, R"({"nights":2})");
+}
+
+TEST(ServerOutput, XmlParameterValuesAreTypedByTheirSchema) {
+  using server::tool_parameter_value;
+  const auto& props = kTools[0]["function"]["parameters"]["properties"];
+  auto v = [&](const char* name, const char* text) { return tool_parameter_value(text, props[name]).dump(); };
+  EXPECT_EQ(v("city", "Paris"), R"("Paris")");
+  EXPECT_EQ(v("city", "null"), R"("null")");  // a string parameter keeps what was written
+  EXPECT_EQ(v("city", "[1]"), R"("[1]")");
+  EXPECT_EQ(v("nights", "3"), "3");
+  EXPECT_EQ(v("nights", "3.5"), R"("3.5")");  // not an integer: kept as written, not rounded
+  EXPECT_EQ(v("nights", "three"), R"("three")");
+  EXPECT_EQ(v("price", "3"), "3");
+  EXPECT_EQ(v("price", "2.5e3"), "2500.0");
+  EXPECT_EQ(v("breakfast", "true"), "true");
+  EXPECT_EQ(v("breakfast", "False"), "false");  // the template writes a history's booleans as str(): False
+  EXPECT_EQ(v("breakfast", "yes"), R"("yes")");
+  EXPECT_EQ(v("extras", "{\"a\": 1}"), R"({"a":1})");
+  EXPECT_EQ(v("extras", "{'a': 1}"), R"("{'a': 1}")");  // not JSON: kept as text
+  EXPECT_EQ(v("guests", "[\"x\", 2]"), R"(["x",2])");
+  EXPECT_EQ(v("note", "null"), "null");
+  EXPECT_EQ(v("note", "None"), "null");
+  EXPECT_EQ(v("note", "17"), R"("17")");
+  EXPECT_EQ(v("floor", "None"), "null");
+  EXPECT_EQ(v("floor", "4"), "4");
+  // No type (or no schema at all: a tool or parameter the request did not declare): JSON of any type
+  // but a string is decoded, everything else is text.
+  EXPECT_EQ(v("free", "7"), "7");
+  EXPECT_EQ(v("free", "{\"a\": [true]}"), R"({"a":[true]})");
+  EXPECT_EQ(v("free", "\"quoted\""), R"("\"quoted\"")");
+  EXPECT_EQ(tool_parameter_value("false", nullptr).dump(), "false");
+  EXPECT_EQ(tool_parameter_value("hello world", nullptr).dump(), R"("hello world")");
+  EXPECT_EQ(tool_parameter_value("", nullptr).dump(), R"("")");
+}
+
+TEST(ServerOutput, XmlCallsOfUndeclaredToolsAndTheJsonFormTogether) {
+  std::vector<server::ToolCall> calls;
+  ASSERT_TRUE(server::parse_tool_calls(
+      "<tool_call><function=ping></function></tool_call> <tool_call>{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}"
+      "</tool_call>\n<tool_call>\n<function=other>\n<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>",
+      kTools, calls));
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[0].name, "ping");
+  EXPECT_EQ(calls[0].arguments, "{}");
+  EXPECT_EQ(calls[1].arguments, R"({"b":1,"a":2})");  // the model's key order is kept
+  EXPECT_EQ(calls[2].name, "other");
+  EXPECT_EQ(calls[2].arguments, R"({"n":5})");
+}
+
+// Every malformed variant stays content, whole, and never throws.
+TEST(ServerOutput, MalformedXmlToolCallsStayContent) {
+  const std::vector<std::string> bad = {
+      "<tool_call>\n<function=book>\n<parameter=city>\nParis\n</function>\n</tool_call>",  // parameter not closed
+      "<tool_call>\n<function=book>\n<parameter=city>\nParis\n</parameter>\n</tool_call>",  // function not closed
+      "<tool_call>\n<function=>\n</function>\n</tool_call>",                                // no name
+      "<tool_call>\n<function=a\nb>\n</function>\n</tool_call>",                            // name across lines
+      "<tool_call>\n<function=book\n</function>\n</tool_call>",                             // no '>' on the tag line
+      "<tool_call>\n<function=book>\nstray text\n</function>\n</tool_call>",                // text outside parameters
+      "<tool_call>\n<function=book>\n<parameter=>\nx\n</parameter>\n</function>\n</tool_call>",
+      "<tool_call>\n<function=book>\n</function>\n</tool_call>\nand a suffix",             // text after the call
+      "<tool_call>\n<function=book>\n</function>\n",                                        // cut off
+      "<tool_call>\n<function=book>\n</function>\n<function=book>\n</function>\n</tool_call>",
+      "<tool_call>\n<function=\xff\xfe>\n<parameter=\xc3>\n\xff\n</parameter>\n</function>\n</tool_call>x",
+  };
+  for (const std::string& text : bad) {
+    SCOPED_TRACE(text);
+    server::OutputParser p(false, false, kTools);
+    std::string content;
+    ASSERT_NO_THROW(content = p.push(text).content);
+    ASSERT_NO_THROW(content += p.finish().content);
+    EXPECT_EQ(content, text);
+    EXPECT_TRUE(p.tool_calls().empty());
+  }
+  // Bytes that are not UTF-8 inside a well-formed call are replaced, never thrown on.
+  std::vector<server::ToolCall> calls;
+  ASSERT_TRUE(server::parse_tool_calls("<tool_call><function=f><parameter=p>\xff</parameter></function></tool_call>",
+                                       nullptr, calls));
+  EXPECT_EQ(calls[0].arguments, "{\"p\":\"\xef\xbf\xbd\"}");
+}
+
 }  // namespace
 }  // namespace ingot::test

@@ -103,6 +103,42 @@ TEST(TemplateGolden, ModelTemplatesMatchTransformers) {
   EXPECT_EQ(checked, expected);
 }
 
+// A model's own template is not committed (it is the model maker's text): when one is put under
+// .cache/qwen3_5/ (docs/chat-templates.md, "Qwen3.5"), this renders the committed contexts over it
+// and writes ingot.json beside it for tools/render_chat_template.py --compare on the GPU machine;
+// when that script's transformers.json has come back, every case must match it byte for byte.
+TEST(TemplateGolden, CachedQwen3_5TemplateMatchesTransformers) {
+  const fs::path dir = tokenizer_cache().parent_path() / "qwen3_5";
+  if (!fs::exists(dir / "chat_template.jinja"))
+    GTEST_SKIP() << dir / "chat_template.jinja" << " absent (the model's template is not committed)";
+  std::ifstream in(dir / "chat_template.jinja", std::ios::binary);
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json cases = read_json(kSource / "tests/data/template/qwen3_5_contexts.json")["cases"];
+  // The tokenizer the script is given (qwen3's folder) passes its eos_token and no bos_token.
+  const json special = {{"eos_token", "<|im_end|>"}};
+  json results = json::object();
+  for (const auto& c : cases) {
+    try {
+      results[c["name"].get<std::string>()] = {{"rendered", render_case(c, source, special)}};
+    } catch (const ingot::Error& e) {
+      results[c["name"].get<std::string>()] = {{"error", e.what()}};
+    }
+  }
+  std::ofstream(dir / "ingot.json")
+      << json{{"generator", {{"renderer", "ingot test_template"}}}, {"cases", results}}.dump(1) << "\n";
+  if (!fs::exists(dir / "transformers.json"))
+    GTEST_SKIP() << "wrote " << dir / "ingot.json" << "; no transformers.json to compare with yet";
+  const json want = read_json(dir / "transformers.json")["cases"];
+  ASSERT_EQ(want.size(), results.size());
+  for (const auto& [name, w] : want.items()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(results.contains(name));
+    EXPECT_EQ(w.contains("error"), results[name].contains("error")) << results[name].dump();
+    if (w.contains("rendered") && results[name].contains("rendered"))
+      EXPECT_EQ(results[name]["rendered"].get<std::string>(), w["rendered"].get<std::string>());
+  }
+}
+
 // --- language units ---------------------------------------------------------------------------
 
 std::string R(const std::string& src, const json& ctx = json::object(), Limits lim = {}) {
@@ -221,6 +257,26 @@ TEST(TemplateLanguage, Filters) {
   // Generators are always true and cannot be printed, as in Jinja.
   EXPECT_EQ(R("{{ 'yes' if [1]|select('even') else 'no' }}"), "yes");
   EXPECT_NE(error_of("{{ [1]|select('odd') }}").find("apply |list"), std::string::npos);
+}
+
+// |safe gives Jinja's Markup, and markupsafe escapes the plain operand of a + even though transformers
+// runs without autoescape (a template joining '<parameter=' + name + '>' with a |safe value gets
+// entities); `~` and printing do not escape. Each expectation is what jinja2 3.1.6 renders.
+TEST(TemplateLanguage, SafeStringsEscapeWhatTheyAreAddedTo) {
+  const json ctx = {{"q", "\"'"}};
+  EXPECT_EQ(R("{{ '<a&' ~ q ~ '>' + ('<b>'|safe) }}", ctx), "&lt;a&amp;&#34;&#39;&gt;<b>");
+  EXPECT_EQ(R("{{ ('<b>'|safe) + '<c>' }}|{{ ('<b>'|safe) ~ '<' }}|{{ ('a'|safe) + ('<'|safe) }}"), "<b>&lt;c&gt;|<b><|a<");
+  // The mark survives trim, string, upper and strip(); replace and tojson give plain strings.
+  EXPECT_EQ(R("{{ (('<b>'|safe)|trim) + '<' }}|{{ (('<b>'|safe)|string) + '<' }}|{{ ('x'|safe|upper) + '<' }}"
+              "|{{ ('x'|safe).strip() + '<' }}|{{ ('x'|safe|replace('x', 'y')) + '<' }}|{{ ('a'|safe)|tojson + '<' }}"),
+            "<b>&lt;|<b>&lt;|X&lt;|x&lt;|y<|\"a\"<");
+  EXPECT_EQ(R("{% set x = ('a'|safe) %}{% set y = x + '<' %}{{ y + '>' }}"), "a&lt;&gt;");
+  // Anything made safe is a string: its length is the text's; None and numbers print as in Python.
+  EXPECT_EQ(R("{{ ([1, 2]|safe)|length }}|{{ (none|safe) + '<' }}|{{ (5|safe) + '<' }}|{{ [('<b>'|safe)] }}"),
+            "6|None&lt;|5&lt;|[Markup('<b>')]");
+  EXPECT_NE(error_of("{{ ('a'|safe) + 1 }}").find("TypeError"), std::string::npos);
+  // Qwen3.5's way: a value made safe and printed on its own is not escaped.
+  EXPECT_EQ(R("{% set v = {'k': '<&>'}|tojson|safe %}{{ '<p>' }}{{ v }}"), "<p>{\"k\": \"<&>\"}");
 }
 
 TEST(TemplateLanguage, ToJsonFollowsPythonJsonDumps) {

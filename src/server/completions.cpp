@@ -224,7 +224,7 @@ void Completions::whole(Prepared& p, httplib::Response& res) {
       choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c.stop, false)}});
       continue;
     }
-    OutputParser parser(thinking_, p.starts_in_reasoning, !a.tools.is_null());
+    OutputParser parser(thinking_, p.starts_in_reasoning, a.tools);
     TextDelta d = parser.push(c.text);
     TextDelta rest = parser.finish();
     d.reasoning += rest.reasoning;
@@ -323,7 +323,7 @@ void Completions::stream(Prepared& p, httplib::Response& res) {
   st->model = m_.id;
   st->created = p.created;
   st->n = st->left = p.api.n;
-  for (int i = 0; i < p.api.n; ++i) st->parsers.emplace_back(thinking_, p.starts_in_reasoning, !p.api.tools.is_null());
+  for (int i = 0; i < p.api.n; ++i) st->parsers.emplace_back(thinking_, p.starts_in_reasoning, p.api.tools);
   st->started.assign(size_t(p.api.n), false);
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");

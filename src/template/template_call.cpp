@@ -138,7 +138,7 @@ Value Interp::call_method(const Value& self, const std::string& name, const Args
   if (self.is_string()) {
     const std::string& s = self.str();
     if (name == "strip" || name == "lstrip" || name == "rstrip")
-      return Value::string(py_strip(s, str_arg(0, "chars"), name != "rstrip", name != "lstrip"));
+      return Value::string(py_strip(s, str_arg(0, "chars"), name != "rstrip", name != "lstrip")).with_markup_of(self);
     if (name == "split" || name == "rsplit") {
       const Value* sep = str_arg(0, "sep");
       std::int64_t maxsplit = int_arg(args.get(1, "maxsplit"), -1, "maxsplit", line);
@@ -174,10 +174,10 @@ Value Interp::call_method(const Value& self, const std::string& name, const Args
       }
       return Value::boolean(false);
     }
-    if (name == "upper") return Value::string(map_chars(s, to_upper));
-    if (name == "lower") return Value::string(map_chars(s, to_lower));
-    if (name == "title") return Value::string(py_title(s));
-    if (name == "capitalize") return Value::string(py_capitalize(s));
+    if (name == "upper") return Value::string(map_chars(s, to_upper)).with_markup_of(self);
+    if (name == "lower") return Value::string(map_chars(s, to_lower)).with_markup_of(self);
+    if (name == "title") return Value::string(py_title(s)).with_markup_of(self);
+    if (name == "capitalize") return Value::string(py_capitalize(s)).with_markup_of(self);
     if (name == "replace") {
       const Value* old = args.get(0, "old");
       const Value* repl = args.get(1, "new");

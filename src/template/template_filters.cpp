@@ -147,7 +147,9 @@ Value filter_tojson(const FilterCall& c) {
   return c.in.str_value(to_json(c.v, opt), c.line);
 }
 
-Value filter_trim(const FilterCall& c) { return Value::string(py_strip(c.text(c.v), c.a.get(0, "chars"), true, true)); }
+Value filter_trim(const FilterCall& c) {
+  return Value::string(py_strip(c.text(c.v), c.a.get(0, "chars"), true, true)).with_markup_of(c.v);
+}
 
 Value filter_length(const FilterCall& c) {
   const Value& v = c.v;
@@ -163,11 +165,17 @@ Value filter_length(const FilterCall& c) {
   fail(c.line, std::string("TypeError: object of type '") + type_name(v) + "' has no len()");
 }
 
-Value filter_string(const FilterCall& c) { return Value::string(c.text(c.v)); }
-Value filter_lower(const FilterCall& c) { return Value::string(map_chars(c.text(c.v), to_lower)); }
-Value filter_upper(const FilterCall& c) { return Value::string(map_chars(c.text(c.v), to_upper)); }
-Value filter_capitalize(const FilterCall& c) { return Value::string(py_capitalize(c.text(c.v))); }
-Value filter_title(const FilterCall& c) { return Value::string(jinja_title(c.text(c.v))); }
+Value filter_string(const FilterCall& c) { return Value::string(c.text(c.v)).with_markup_of(c.v); }
+// Markup(str(value)): whatever it was, it is now a string marked safe.
+Value filter_safe(const FilterCall& c) {
+  Value r = Value::string(c.text(c.v));
+  r.markup = true;
+  return r;
+}
+Value filter_lower(const FilterCall& c) { return Value::string(map_chars(c.text(c.v), to_lower)).with_markup_of(c.v); }
+Value filter_upper(const FilterCall& c) { return Value::string(map_chars(c.text(c.v), to_upper)).with_markup_of(c.v); }
+Value filter_capitalize(const FilterCall& c) { return Value::string(py_capitalize(c.text(c.v))).with_markup_of(c.v); }
+Value filter_title(const FilterCall& c) { return Value::string(jinja_title(c.text(c.v))).with_markup_of(c.v); }
 
 Value first_or_last(const FilterCall& c, bool last) {
   if (last && c.v.type == Type::List && c.v.seq == SeqKind::Iterator)
@@ -492,7 +500,7 @@ constexpr Named<FilterFn> kFilters[] = {
     {"replace", filter_replace},
     {"reverse", filter_reverse},
     {"round", filter_round},
-    {"safe", filter_string},
+    {"safe", filter_safe},
     {"select", filter_select},
     {"selectattr", filter_selectattr},
     {"sort", filter_sort},

@@ -39,6 +39,10 @@ struct Value {
   Type type = Type::Undefined;
   SeqKind seq = SeqKind::List;
   bool b = false;
+  // A string marked safe (Jinja's Markup, from |safe): + with a plain string HTML-escapes the plain
+  // one even without autoescape, as markupsafe's __add__/__radd__ do, and a few filters and methods
+  // keep the mark (with_markup_of).
+  bool markup = false;
   std::int64_t i = 0;
   double f = 0.0;
   // String payload; for Undefined, the message an access to it raises.
@@ -55,6 +59,12 @@ struct Value {
   static Value string(std::string v);
   static Value sequence(List items, SeqKind kind = SeqKind::List);
   static Value mapping(std::shared_ptr<Dict> d);
+
+  // v with this value's safe mark: for the operations that return Markup from a Markup.
+  Value with_markup_of(const Value& from) && {
+    markup = from.is_string() && from.markup;
+    return std::move(*this);
+  }
 
   bool is_undefined() const { return type == Type::Undefined; }
   bool is_none() const { return type == Type::None; }
@@ -87,6 +97,8 @@ bool equals(const Value& a, const Value& b);
 std::string to_str(const Value& v, std::size_t limit);
 std::string repr(const Value& v, std::size_t limit);
 std::string py_float_repr(double d);
+// markupsafe.escape: & < > " ' as entities (what a Markup concatenation does to a plain string).
+std::string html_escape(std::string_view s);
 struct JsonOptions {
   std::size_t limit = 0;
   bool ensure_ascii = false;

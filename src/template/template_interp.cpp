@@ -588,8 +588,17 @@ Value Interp::binary(const std::string& op, const Value& a, const Value& b, int 
   }
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
+      if (a.markup != b.markup) {  // Markup + str escapes the str, and so does str + Markup
+        std::string l = a.markup ? a.str() : html_escape(a.str()), r = b.markup ? b.str() : html_escape(b.str());
+        check_len(l.size() + r.size(), line);
+        Value v = Value::string(l + r);
+        v.markup = true;
+        return v;
+      }
       check_len(a.str().size() + b.str().size(), line);
-      return Value::string(a.str() + b.str());
+      Value v = Value::string(a.str() + b.str());
+      v.markup = a.markup;
+      return v;
     }
     if (a.type == Type::List && b.type == Type::List && a.seq == b.seq &&
         (a.seq == SeqKind::List || a.seq == SeqKind::Tuple)) {

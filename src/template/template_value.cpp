@@ -276,6 +276,22 @@ std::string py_float_repr(double d) {
   return out;
 }
 
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 bool py_isprintable(char32_t c) {
@@ -340,7 +356,10 @@ void check_limit(const std::string& out, std::size_t limit) {
 
 void repr_into(std::string& out, const Value& v, std::size_t limit) {
   switch (v.type) {
-    case Type::String: out += repr_string(*v.s); break;
+    case Type::String:
+      if (v.markup) out += "Markup(" + repr_string(*v.s) + ")";
+      else out += repr_string(*v.s);
+      break;
     case Type::List: {
       require_printable_container(v);
       bool tuple = v.seq == SeqKind::Tuple;

@@ -6,13 +6,17 @@
 //   2: a valid chat body with one field replaced: the next byte picks the field, the rest is its new
 //      value (JSON, else a string), so the fuzzer spends its time in the field checks;
 //   3: the rest is generated text fed to the splitter in pieces cut at the bytes' values; the pieces
-//      must add up to what one push of the whole text gives.
+//      must add up to what one push of the whole text gives. With tools on, the splitter has tool
+//      schemas of every type, and the text is also put inside a well-formed XML-form call
+//      (<tool_call><function=f><parameter=TEXT</parameter>...) so the fuzzer spends its time in the
+//      parameter name and value rules; a call parsed from it must have a JSON object as arguments.
 // Any exception other than ApiError from the parser, any exception from the splitter, any crash or
 // sanitizer report is a bug.
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "server/api_error.h"
 #include "server/output.h"
@@ -48,13 +52,34 @@ void parse(Endpoint e, const std::string& body) {
   }
 }
 
+// A tool with a parameter of every schema type the XML form's value rule tells apart.
+const nlohmann::ordered_json& tool_schemas() {
+  static const nlohmann::ordered_json j = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string"}, "i": {"type": "integer"},
+    "n": {"type": "number"}, "b": {"type": "boolean"}, "o": {"type": "object"}, "a": {"type": "array"},
+    "u": {"type": ["integer", "null"]}, "x": {}}}}}])");
+  return j;
+}
+
+void xml_value(const std::string& text) {
+  std::vector<ingot::server::ToolCall> calls;
+  const std::string call = "<tool_call>\n<function=f>\n<parameter=" + text + "\n</parameter>\n</function>\n</tool_call>";
+  if (!ingot::server::parse_tool_calls(call, tool_schemas(), calls)) return;
+  if (calls.empty() || calls[0].name != "f") std::abort();
+  const json args = json::parse(calls[0].arguments, nullptr, false);
+  if (!args.is_object()) std::abort();
+}
+
 void split(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  xml_value(text);
+  const nlohmann::ordered_json none;
   for (int flags = 0; flags < 8; ++flags) {
     const bool reasoning = flags & 1, starts = flags & 2, tools = flags & 4;
-    ingot::server::OutputParser whole(reasoning, starts, tools);
+    const nlohmann::ordered_json& defs = tools ? tool_schemas() : none;
+    ingot::server::OutputParser whole(reasoning, starts, defs);
     ingot::server::TextDelta w = whole.push(text), wf = whole.finish();
-    ingot::server::OutputParser pieces(reasoning, starts, tools);
+    ingot::server::OutputParser pieces(reasoning, starts, defs);
     std::string reasoning_text, content;
     for (size_t at = 0; at < text.size();) {
       const size_t n = 1 + size_t(uint8_t(text[at])) % 7;
@@ -68,6 +93,10 @@ void split(const uint8_t* data, size_t size) {
     content += f.content;
     if (reasoning_text != w.reasoning + wf.reasoning || content != w.content + wf.content) std::abort();
     if (pieces.tool_calls().size() != whole.tool_calls().size()) std::abort();
+    for (size_t k = 0; k < whole.tool_calls().size(); ++k)
+      if (pieces.tool_calls()[k].name != whole.tool_calls()[k].name ||
+          pieces.tool_calls()[k].arguments != whole.tool_calls()[k].arguments)
+        std::abort();
   }
 }
 
