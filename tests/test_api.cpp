@@ -181,6 +181,53 @@ TEST(Api, ChatReusesTheCachedConversation) {
   EXPECT_LT(second.computed_prompt_tokens, second.prompt_tokens);
 }
 
+// Qwen3.5's template (like Qwen3's) renders an earlier assistant turn otherwise than it was generated
+// (here: without the "<think>\n" its generation prompt opened), so the re-rendered conversation does
+// not extend what the row holds. A hybrid model cannot rewind its linear-attention state, so the next
+// turn continues from the held tokens: only the new turn is prefilled, and the tokens equal a fresh
+// run over the same sequence.
+TEST(Api, AHybridModelsChatPrefillsOnlyTheNewTurnWhenTheTemplateRewritesHistory) {
+  test::TempDir dir;
+  const std::string folder = dir.file("qwen3_5");
+  fs::copy(test::fixture("qwen3_5_text"), folder);
+  write_tokenizer(folder);
+  const nlohmann::json cfg = {
+      {"eos_token", "<|im_end|>"},
+      {"chat_template",
+       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+       "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"}};
+  std::ofstream(fs::path(folder) / "tokenizer_config.json") << cfg.dump();
+  api::LoadConfig lc = cpu();
+  lc.capacity = 256;  // the fixture tokenizer spends a token per byte
+  api::Model am = api::Model::load(folder, lc);
+  api::GenerateConfig c;
+  c.max_new_tokens = 3;
+  c.ignore_eos = true;
+  std::vector<api::Message> msgs = {{"user", "hi"}};
+  api::Result first = am.chat(msgs, c);
+  ASSERT_EQ(first.token_ids.size(), 3u);
+  msgs.push_back({"assistant", first.text});
+  msgs.push_back({"user", "ok"});
+  // What the row holds, then the new turn (the reply was cut by the length limit: its end marker first).
+  std::vector<int32_t> want = am.tokenize(am.render_chat({{"user", "hi"}}), false);
+  EXPECT_EQ(int64_t(want.size()), first.prompt_tokens);
+  want.insert(want.end(), first.token_ids.begin(), first.token_ids.end());
+  for (int32_t t : am.tokenize("<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n<think>\n", false))
+    want.push_back(t);
+  const std::vector<int32_t> rerendered = am.tokenize(am.render_chat(msgs), false);
+  ASSERT_FALSE(std::equal(want.begin(), want.begin() + first.prompt_tokens + 3, rerendered.begin()));
+  api::Result second = am.chat(msgs, c);
+  EXPECT_EQ(second.prompt_tokens, int64_t(want.size()));
+  EXPECT_EQ(second.computed_prompt_tokens, int64_t(want.size()) - (first.prompt_tokens + 2));
+  api::Model fresh = api::Model::load(folder, lc);
+  EXPECT_EQ(second.token_ids, fresh.generate(want, c).token_ids);
+  // An edited history is not a continuation: the rendered conversation is prefilled whole.
+  msgs[0].content = "hey";
+  api::Result edited = am.chat(msgs, c);
+  EXPECT_EQ(edited.computed_prompt_tokens, edited.prompt_tokens);
+  EXPECT_EQ(edited.prompt_tokens, int64_t(am.tokenize(am.render_chat(msgs), false).size()));
+}
+
 TEST(Api, ErrorsNameTheProblem) {
   Fx f;
   test::expect_error([&] { api::Model::load(f.dir.file("missing.ingot"), cpu()); }, {"missing.ingot"});

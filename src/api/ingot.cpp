@@ -52,6 +52,12 @@ struct Model::Impl {
   std::optional<ChatFormat> chat;  // the template file's, or the tokenizer's once a chat needs it
   std::vector<int32_t> eos_ids;
   double load_s = 0;
+  // The conversation row's history, for continuing a model whose state cannot be rewound: the tokens
+  // the row holds (the last prompt and every token of its reply), and the chat and reply that made
+  // them (null after a plain generate or a failed chat).
+  std::vector<int32_t> held;
+  nlohmann::ordered_json last_messages;
+  std::string last_reply;
 
   const tok::Tokenizer& tk() const {
     if (!tokenizer) throw Error(source + ": no tokenizer (tokenizer.json) came with the model");
@@ -61,6 +67,35 @@ struct Model::Impl {
   const ChatFormat& chat_format() {
     if (!chat) chat = ChatFormat::from_tokenizer(tk(), source);
     return *chat;
+  }
+
+  // A chat's next turn on a model whose state cannot be rewound, when the template re-renders the
+  // history otherwise than the row holds it (ChatFormat::next_turn): the held tokens and the new
+  // turn's, so only the new turn is prefilled. Only for the same conversation continued by exactly
+  // the reply it got and one new message; nullopt otherwise (the rendered ids are used as they are).
+  std::optional<std::vector<int32_t>> continuation(const ChatFormat& format, const nlohmann::ordered_json& msgs,
+                                                   const ChatOptions& opts, const std::vector<int32_t>& rendered) {
+    if (loaded.model->state().rewindable() || held.empty() || !last_messages.is_array()) return std::nullopt;
+    if (rendered.size() >= held.size() && std::equal(held.begin(), held.end(), rendered.begin()))
+      return std::nullopt;  // the rendering extends what the row holds: nothing to work around
+    const size_t n = last_messages.size();
+    if (msgs.size() != n + 2 || !std::equal(last_messages.begin(), last_messages.end(), msgs.begin()))
+      return std::nullopt;
+    const nlohmann::ordered_json& reply = msgs[n];
+    if (reply.value("role", "") != "assistant" || !reply.contains("content") || reply["content"] != last_reply)
+      return std::nullopt;
+    std::vector<std::string> ends;
+    for (int32_t e : eos_ids) ends.push_back(tk().decode(std::vector<int32_t>{e}, false));
+    auto next = format.next_turn(tk(), msgs, opts, ends);
+    if (!next) return std::nullopt;
+    // A reply cut by a length limit does not end with the end-of-turn marker: the template adds it.
+    const std::vector<int32_t> marker = tk().encode(next->marker, false);
+    const bool closed = !marker.empty() && held.size() >= marker.size() &&
+                        std::equal(marker.rbegin(), marker.rend(), held.rbegin());
+    std::vector<int32_t> ids = held;
+    const std::vector<int32_t> add = tk().encode(closed ? next->text : next->marker + next->text, false);
+    ids.insert(ids.end(), add.begin(), add.end());
+    return ids;
   }
 
   Result run(const std::vector<int32_t>& ids, const GenerateConfig& c, const OnToken& on_token) {
@@ -75,7 +110,10 @@ struct Model::Impl {
     req.slot = 0;  // the conversation's row: a follow-up prefills only what differs
     req.on_warning = c.on_warning;
     if (on_token) req.on_token = [&on_token](const TokenEvent& e) { on_token(e.id, e.text); };
+    held.clear();
     Completion done = gen->generate(std::move(req));
+    held = ids;
+    held.insert(held.end(), done.ids.begin(), done.ids.end());
     Result r;
     r.text = std::move(done.text);
     r.token_ids = std::move(done.ids);
@@ -132,16 +170,27 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
 }
 
 Result Model::generate(std::string_view prompt, const GenerateConfig& c, const OnToken& on_token) {
+  impl_->last_messages = nullptr;
   return impl_->run(impl_->tk().encode(prompt, true), c, on_token);
 }
 
 Result Model::generate(const std::vector<int32_t>& ids, const GenerateConfig& c, const OnToken& on_token) {
+  impl_->last_messages = nullptr;
   return impl_->run(ids, c, on_token);
 }
 
 Result Model::chat(const std::vector<Message>& messages, const GenerateConfig& c, const OnToken& on_token,
                    const ChatConfig& chat) {
-  return impl_->run(impl_->chat_format().ids(impl_->tk(), to_json(messages), chat_options(chat)), c, on_token);
+  const ChatFormat& format = impl_->chat_format();
+  const nlohmann::ordered_json msgs = to_json(messages);
+  const ChatOptions opts = chat_options(chat);
+  std::vector<int32_t> ids = format.ids(impl_->tk(), msgs, opts);
+  if (auto next = impl_->continuation(format, msgs, opts, ids)) ids = std::move(*next);
+  impl_->last_messages = nullptr;
+  Result r = impl_->run(ids, c, on_token);
+  impl_->last_messages = msgs;
+  impl_->last_reply = r.text;
+  return r;
 }
 
 std::vector<int32_t> Model::tokenize(std::string_view text, bool add_special_tokens) const {

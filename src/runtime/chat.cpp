@@ -59,6 +59,34 @@ std::string ChatFormat::render(const tok::Tokenizer& tokenizer, const nlohmann::
   }
 }
 
+std::optional<ChatFormat::NextTurn> ChatFormat::next_turn(const tok::Tokenizer& tokenizer,
+                                                          const nlohmann::ordered_json& messages, const ChatOptions& o,
+                                                          const std::vector<std::string>& turn_ends) const {
+  if (!messages.is_array() || messages.size() < 2 || !messages.back().is_object()) return std::nullopt;
+  // Control characters no tokenizer vocabulary or template filter is likely to touch.
+  static constexpr std::string_view kSentinel = "\x01ingot:next-turn\x02";
+  nlohmann::ordered_json probe = messages;
+  probe.back()["content"] = std::string(kSentinel);
+  const std::string marked = render(tokenizer, probe, o);
+  const size_t at = marked.find(kSentinel);
+  if (at == std::string::npos) return std::nullopt;
+  size_t start = std::string::npos;
+  std::string marker;
+  for (const std::string& end : turn_ends) {
+    if (end.empty() || at < end.size()) continue;
+    const size_t p = marked.rfind(end, at - end.size());
+    if (p != std::string::npos && (start == std::string::npos || p + end.size() > start)) {
+      start = p + end.size();
+      marker = end;
+    }
+  }
+  if (start == std::string::npos) return std::nullopt;
+  const std::string real = render(tokenizer, messages, o);
+  // The two renderings differ only from the last message's content on.
+  if (real.size() < start || real.compare(0, start, marked, 0, start) != 0) return std::nullopt;
+  return NextTurn{marker, real.substr(start)};
+}
+
 std::string render_chat(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages, const ChatOptions& o) {
   return ChatFormat::from_tokenizer(tokenizer, "").render(tokenizer, messages, o);
 }

@@ -42,6 +42,22 @@ class ChatFormat {
     return tokenizer.encode(render(tokenizer, messages, o), false);
   }
 
+  // The text a conversation's last message adds, as the template renders it, after the end-of-turn
+  // marker that closes the turn before it: for continuing a model whose state cannot be rewound
+  // (linear attention). Templates such as Qwen3's and Qwen3.5's render earlier assistant turns
+  // otherwise than they were generated (their thinking dropped), so the re-rendered conversation does
+  // not extend the tokens the model holds and would be prefilled whole every turn (the cost llama.cpp
+  // pays, its issue #20225); appending this text to the held tokens prefills only the new turn.
+  // Found by rendering the last message with a sentinel as its content: the suffix starts after the
+  // last of `turn_ends` (the end-of-turn token texts) before the sentinel. `marker` is that end-of-turn
+  // text (the caller adds it when the held tokens do not end with it: a reply cut by a length limit).
+  // nullopt when there are fewer than two messages or the rendering shows no such marker.
+  struct NextTurn {
+    std::string marker, text;
+  };
+  std::optional<NextTurn> next_turn(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                                    const ChatOptions& o, const std::vector<std::string>& turn_ends) const;
+
  private:
   ChatFormat(std::shared_ptr<const tmpl::ChatTemplate> t, std::string source);
   std::shared_ptr<const tmpl::ChatTemplate> t_;
