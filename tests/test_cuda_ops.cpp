@@ -546,7 +546,7 @@ TEST_P(CudaOps, LogprobsMatchCpu) {
       if (r == 3) l[V / 2] = 60.0f;
     }
     lg = round_dt(lg);
-    std::vector<int32_t> chosen(size_t(R));
+    std::vector<int32_t> chosen(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) chosen[size_t(r)] = int32_t(rng_() % uint64_t(V));
     chosen[5] = sampling::kNoToken;
     for (int top_n : {0, 5, 20}) {
@@ -556,8 +556,8 @@ TEST_P(CudaOps, LogprobsMatchCpu) {
       int32_t* gi = g.put_i32(std::vector<int32_t>(size_t(R * top_n) + 1, 7));
       float* gv = g.put_f32(std::vector<float>(size_t(R * top_n) + 1, 7.0f));
       gpu_be_->logprobs(glg, g.put_i32(chosen), top_n, gc, gi, gv);
-      std::vector<float> cc(size_t(R)), cv(size_t(R * top_n));
-      std::vector<int32_t> ci(size_t(R * top_n));
+      std::vector<float> cc(static_cast<size_t>(R)), cv(static_cast<size_t>(R * top_n));
+      std::vector<int32_t> ci(static_cast<size_t>(R * top_n));
       cpu_be_->logprobs(mat(lg.data(), DType::F32, R, V), chosen.data(), top_n, cc.data(), ci.data(), cv.data());
       const std::vector<float> got_c = g.get(gc, size_t(R), DType::F32);
       const std::vector<int32_t> got_i = g.get_i32(gi, size_t(R * top_n));
