@@ -57,6 +57,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--top-p", a->sampling.top_p, "top-p of the sampled decode steps (1 = off)");
   cmd->add_option("--min-p", a->sampling.min_p, "min-p of the sampled decode steps (0 = off)");
   cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "repetition penalty (1 = off)");
+  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "frequency penalty ([-2, 2], 0 = off)");
+  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "presence penalty ([-2, 2], 0 = off)");
   cmd->add_option("--seed", a->sampling.seed, "seed of the sampled decode steps");
   cmd->callback([a] {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());

@@ -18,6 +18,10 @@ void TextArgs::add_to(CLI::App& app) {
   app.add_option("--top-p", sampling.top_p, "keep the smallest set with this probability mass (1 = off)");
   app.add_option("--min-p", sampling.min_p, "drop tokens below min-p x the top probability (0 = off)");
   app.add_option("--repetition-penalty", sampling.repetition_penalty, "penalise earlier tokens (1 = off)");
+  app.add_option("--frequency-penalty", sampling.frequency_penalty,
+                 "subtract this x the times a token was generated from its logit ([-2, 2], 0 = off)");
+  app.add_option("--presence-penalty", sampling.presence_penalty,
+                 "subtract this from the logit of a token already generated ([-2, 2], 0 = off)");
   app.add_option("--seed", sampling.seed, "sampling seed: the same seed gives the same text");
   app.add_option("--stop", stop, "stop when this text is generated (repeatable)");
   app.add_option("--system", system, "system message (chat)");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/logprobs.h"
 #include "core/dtype.h"
 #include "cuda_test_helpers.h"
 
@@ -450,7 +451,8 @@ const std::vector<SampleParams> kSampleSettings = {
 std::string describe(const SampleParams& p) {
   return "temperature " + std::to_string(p.temperature) + " top_k " + std::to_string(p.top_k) + " top_p " +
          std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p) + " penalty " +
-         std::to_string(p.repetition_penalty);
+         std::to_string(p.repetition_penalty) + " frequency " + std::to_string(p.frequency_penalty) + " presence " +
+         std::to_string(p.presence_penalty);
 }
 
 // The sample op picks exactly the CPU reference's tokens (identical, not close): a Qwen-sized and a
@@ -487,10 +489,17 @@ TEST_P(CudaOps, SampleMatchesCpu) {
       p = kSampleSettings[size_t(r) % kSampleSettings.size()];
       p.seed = 1000 + uint64_t(r);
       if (p.top_k < 0 || p.top_k >= V) p.top_k = int32_t(V - 1);
+      // Every third row also takes the additive penalties (over the counts below), one of them negative.
+      if (r % 3 == 1) {
+        p.frequency_penalty = 0.4f;
+        p.presence_penalty = r % 2 ? 1.1f : -0.7f;
+      }
       step[size_t(r)] = uint32_t(rng_());
       state_of[size_t(r)] = int32_t((r * 7 + 3) % R);  // a permutation: 7 is prime to R
     }
     for (uint8_t& x : seen) x = rng_() % 20 == 0;
+    std::vector<int32_t> counts(static_cast<size_t>(R * V));
+    for (int32_t& x : counts) x = rng_() % 25 == 0 ? int32_t(1 + rng_() % 4) : 0;
     Side& g = *gpu_;
     auto put_raw = [&](const void* p, size_t n) {
       g.keep.emplace_back(*gpu_be_, n);
@@ -499,8 +508,8 @@ TEST_P(CudaOps, SampleMatchesCpu) {
     };
     SampleState gs{g.put_i32(state_of), static_cast<const SampleParams*>(put_raw(params.data(), params.size() * sizeof(SampleParams))),
                    static_cast<uint32_t*>(put_raw(step.data(), step.size() * 4)),
-                   static_cast<uint8_t*>(put_raw(seen.data(), seen.size())), V};
-    SampleState cs{state_of.data(), params.data(), step.data(), seen.data(), V};
+                   static_cast<uint8_t*>(put_raw(seen.data(), seen.size())), V, g.put_i32(counts), V};
+    SampleState cs{state_of.data(), params.data(), step.data(), seen.data(), V, counts.data(), V};
     const Mat glg = g.m(g.put(lg), R, V), clg = mat(lg.data(), DType::F32, R, V);
     int32_t* gout = g.put_i32(std::vector<int32_t>(size_t(R)));
     std::vector<int32_t> cout(static_cast<size_t>(R));
@@ -519,6 +528,55 @@ TEST_P(CudaOps, SampleMatchesCpu) {
     gpu_be_->download(gseen.data(), gs.seen, gseen.size());
     EXPECT_EQ(gstep, step) << "vocab " << V << ": draw counters";
     EXPECT_TRUE(gseen == seen) << "vocab " << V << ": seen marks differ";
+    EXPECT_TRUE(g.get_i32(gs.counts, counts.size()) == counts) << "vocab " << V << ": counts differ";
+  }
+}
+
+// The logprobs op against the CPU reference (backend/logprobs.h): the top-N ids exactly (ties to the
+// lower id), the values within a float sum's rounding. Rows of random logits, heavy ties, -inf entries
+// and one huge logit; chosen ids anywhere, including kNoToken.
+TEST_P(CudaOps, LogprobsMatchCpu) {
+  for (int64_t V : {int64_t(151936), int64_t(37), int64_t(12)}) {
+    const int64_t R = 6;
+    std::vector<float> lg = rnd(size_t(R * V), 3.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* l = lg.data() + r * V;
+      if (r == 1)
+        for (int64_t j = 0; j < V; ++j) l[j] = float(j % 4);  // ties everywhere
+      if (r == 2)
+        for (int64_t j = 0; j < V; j += 2) l[j] = -INFINITY;
+      if (r == 3) l[V / 2] = 60.0f;
+    }
+    lg = round_dt(lg);
+    std::vector<int32_t> chosen(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) chosen[size_t(r)] = int32_t(rng_() % uint64_t(V));
+    chosen[5] = sampling::kNoToken;
+    for (int top_n : {0, 5, 20}) {
+      Side& g = *gpu_;
+      const Mat glg = g.m(g.put(lg), R, V);
+      float* gc = g.put_f32(std::vector<float>(size_t(R), 7.0f));
+      int32_t* gi = g.put_i32(std::vector<int32_t>(size_t(R * top_n) + 1, 7));
+      float* gv = g.put_f32(std::vector<float>(size_t(R * top_n) + 1, 7.0f));
+      gpu_be_->logprobs(glg, g.put_i32(chosen), top_n, gc, gi, gv);
+      std::vector<float> cc(static_cast<size_t>(R)), cv(static_cast<size_t>(R * top_n));
+      std::vector<int32_t> ci(static_cast<size_t>(R * top_n));
+      cpu_be_->logprobs(mat(lg.data(), DType::F32, R, V), chosen.data(), top_n, cc.data(), ci.data(), cv.data());
+      const std::vector<float> got_c = g.get(gc, size_t(R), DType::F32);
+      const std::vector<int32_t> got_i = g.get_i32(gi, size_t(R * top_n));
+      const std::vector<float> got_v = g.get(gv, size_t(R * top_n), DType::F32);
+      const std::string what = "vocab " + std::to_string(V) + " top_n " + std::to_string(top_n);
+      // Non-finite values (a -inf token, no token) must be the same; finite ones close.
+      auto close = [](float got, float want) {
+        if (!std::isfinite(want)) return std::isnan(want) ? std::isnan(got) : got == want;
+        return std::fabs(got - want) <= 1e-4f + 1e-5f * std::fabs(want);
+      };
+      EXPECT_TRUE(std::isnan(got_c[5])) << what;
+      for (int64_t r = 0; r < R; ++r)
+        EXPECT_TRUE(close(got_c[size_t(r)], cc[size_t(r)])) << what << " row " << r << ": " << got_c[size_t(r)] << " vs " << cc[size_t(r)];
+      EXPECT_EQ(got_i, ci) << what;
+      for (size_t k = 0; k < cv.size(); ++k)
+        EXPECT_TRUE(close(got_v[k], cv[k])) << what << " entry " << k << ": " << got_v[k] << " vs " << cv[k];
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/logprobs.h"
 #include "backend/sampling.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -354,6 +355,216 @@ TEST(ModelDecode, SamplesLikeAHostSamplerOverForward) {
   SamplingParams bad = sp;
   bad.top_p = 2.0f;
   test::expect_error([&] { dev.set_sampling(0, bad); }, {"--top-p"});
+}
+
+
+// OpenAI's penalties: a token generated c times loses frequency * c + presence (c > 0), after the
+// repetition penalty and before the temperature; the prompt is not counted.
+TEST(Sampler, FrequencyAndPresencePenaltiesCountGeneratedTokens) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.0f};
+  auto greedy_with = [&](float freq, float pres, std::vector<int32_t> counts, float rep = 1.0f,
+                         std::vector<uint8_t> seen = {}) {
+    SampleParams p;
+    p.frequency_penalty = freq;
+    p.presence_penalty = pres;
+    p.repetition_penalty = rep;
+    return sampling::sample_row(l.data(), 3, p, seen.empty() ? nullptr : seen.data(), counts.data(), 0);
+  };
+  EXPECT_EQ(greedy_with(0.0f, 0.0f, {5, 0, 0}), 0);  // off: counts change nothing
+  EXPECT_EQ(greedy_with(0.6f, 0.0f, {1, 0, 0}), 1);  // 2 - 0.6 < 1.5
+  EXPECT_EQ(greedy_with(0.3f, 0.0f, {1, 0, 0}), 0);  // 2 - 0.3 > 1.5
+  EXPECT_EQ(greedy_with(0.3f, 0.0f, {2, 0, 0}), 1);  // 2 - 0.6: the count multiplies
+  EXPECT_EQ(greedy_with(0.0f, 0.6f, {1, 0, 0}), 1);  // presence: once
+  EXPECT_EQ(greedy_with(0.0f, 0.4f, {9, 0, 0}), 0);  // ... whatever the count
+  EXPECT_EQ(greedy_with(0.0f, -1.2f, {0, 0, 1}), 2);  // negative: encouraged (1 + 1.2 > 2)
+  EXPECT_EQ(greedy_with(0.2f, 0.2f, {1, 0, 0}), 0);  // 2 - 0.4 > 1.5
+  EXPECT_EQ(greedy_with(0.2f, 0.2f, {2, 0, 0}), 1);  // 2 - 0.6 < 1.5
+  // Order: the repetition penalty first (2 / 1.25 = 1.6), then the additive ones (1.6 - 0.2 < 1.5).
+  EXPECT_EQ(greedy_with(0.0f, 0.0f, {1, 0, 0}, 1.25f, {1, 0, 0}), 0);
+  EXPECT_EQ(greedy_with(0.2f, 0.0f, {1, 0, 0}, 1.25f, {1, 0, 0}), 1);
+  // The score is the rounded sequence the definition names, bit for bit.
+  // (volatile: each step rounded on its own, never contracted into an FMA)
+  volatile float q = 2.0f / 1.25f, f = 0.1f * 3.0f;
+  volatile float d = q - f;
+  volatile float e = d - 0.3f;
+  EXPECT_EQ(sampling::score(2.0f, true, 1.25f, 3, 0.1f, 0.3f, 0.5f), e * 0.5f);
+
+  // The host Sampler counts `generated` (each occurrence), not the history.
+  SamplingParams sp;
+  sp.frequency_penalty = 0.3f;
+  EXPECT_FALSE(sp.greedy());
+  EXPECT_EQ(Sampler(sp).pick(l.data(), 3, {0, 0, 0, 0}), 0);  // a prompt full of token 0 is not counted
+  EXPECT_EQ(Sampler(sp).pick(l.data(), 3, {0}, {0}), 0);
+  EXPECT_EQ(Sampler(sp).pick(l.data(), 3, {0, 0}, {0, 0}), 1);
+  // Sampled: the same draw as the op's reference over the same counts.
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    SamplingParams t = temp(0.8f, seed);
+    t.presence_penalty = 1.5f;
+    t.frequency_penalty = -0.5f;
+    const std::vector<int32_t> counts = {0, 2, 1};
+    EXPECT_EQ(Sampler(t).pick(l.data(), 3, {}, {1, 2, 1}),
+              sampling::sample_row(l.data(), 3, t.to_backend(), nullptr, counts.data(), 0));
+  }
+}
+
+TEST(Sampler, PenaltyRangesAreChecked) {
+  for (float bad : {2.01f, -2.5f, NAN, INFINITY}) {
+    SamplingParams f;
+    f.frequency_penalty = bad;
+    test::expect_error([&] { Sampler x(f); }, {"--frequency-penalty", "[-2, 2]"});
+    SamplingParams p;
+    p.presence_penalty = bad;
+    test::expect_error([&] { Sampler x(p); }, {"--presence-penalty", "[-2, 2]"});
+  }
+  SamplingParams ok;
+  ok.frequency_penalty = -2.0f;
+  ok.presence_penalty = 2.0f;
+  EXPECT_NO_THROW(Sampler{ok});
+}
+
+// The op counts its picks in the state row's counts (none for a row without a pick).
+TEST(CpuSampleOp, CountsPicks) {
+  auto be = make_cpu_backend(1);
+  const std::vector<float> l = {2.0f, 1.5f, 1.0f, NAN, 0.0f, 0.0f};
+  SampleParams p;
+  p.frequency_penalty = 0.3f;
+  uint32_t step = 0;
+  std::vector<int32_t> counts(3, 0);
+  SampleState st{nullptr, &p, &step, nullptr, 0, counts.data(), 3};
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 4; ++i) {
+    int32_t out = -2;
+    be->sample(mat(const_cast<float*>(l.data()), DType::F32, 1, 3), st, &out);
+    picks.push_back(out);
+  }
+  // 2.0 -> 1.7 -> 1.4 (< 1.5: token 1) -> 1.2 vs 1.4 (token 0 again at 1.4 vs 1.2).
+  EXPECT_EQ(picks, (std::vector<int32_t>{0, 0, 1, 0}));
+  EXPECT_EQ(counts, (std::vector<int32_t>{3, 1, 0}));
+  int32_t out = 0;
+  be->sample(mat(const_cast<float*>(l.data() + 3), DType::F32, 1, 3), st, &out);
+  EXPECT_EQ(out, sampling::kNoToken);
+  EXPECT_EQ(counts, (std::vector<int32_t>{3, 1, 0}));
+  EXPECT_EQ(step, 5u);
+}
+
+// log_softmax of the raw logits and the top-N (descending, ties to the lower id).
+TEST(Logprobs, ReferenceRow) {
+  const std::vector<float> l = {1.0f, 3.0f, -INFINITY, 3.0f, 0.5f};
+  double z = 0;
+  for (float x : l) z += std::exp(double(x));
+  const float lse = float(std::log(z));
+  float chosen = 0;
+  int32_t ids[4];
+  float top[4];
+  sampling::logprobs_row(l.data(), 5, 4, 4, &chosen, ids, top);
+  EXPECT_NEAR(chosen, 0.5f - lse, 1e-6);
+  EXPECT_EQ(std::vector<int32_t>(ids, ids + 4), (std::vector<int32_t>{1, 3, 0, 4}));
+  EXPECT_NEAR(top[0], 3.0f - lse, 1e-6);
+  EXPECT_EQ(top[0], top[1]);
+  EXPECT_NEAR(top[3], 0.5f - lse, 1e-6);
+  // Probabilities sum to 1.
+  double sum = 0;
+  for (float x : l) sum += std::exp(double(x) - double(lse));
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  // More alternatives than tokens: the rest are kNoToken; a chosen id outside the row is NaN.
+  int32_t ids7[7];
+  float top7[7];
+  sampling::logprobs_row(l.data(), 5, -1, 7, &chosen, ids7, top7);
+  EXPECT_TRUE(std::isnan(chosen));
+  EXPECT_EQ(ids7[4], 2);  // the -inf token comes last
+  EXPECT_EQ(top7[4], -INFINITY);
+  EXPECT_EQ(ids7[5], sampling::kNoToken);
+  EXPECT_EQ(ids7[6], sampling::kNoToken);
+  // Large logits do not overflow: the sum is taken relative to the maximum.
+  const std::vector<float> big = {1000.0f, 1000.0f};
+  sampling::logprobs_row(big.data(), 2, 0, 0, &chosen, ids, top);
+  EXPECT_NEAR(chosen, -std::log(2.0f), 1e-6);
+
+  // The CPU op is the reference row by row.
+  auto be = make_cpu_backend(1);
+  std::vector<float> rows = l;
+  rows.insert(rows.end(), {0.0f, 0.0f, 0.0f, 0.0f, 9.0f});
+  const int32_t picked[2] = {1, 4};
+  float lp[2];
+  int32_t top_ids[6];
+  float top_lp[6];
+  be->logprobs(mat(rows.data(), DType::F32, 2, 5), picked, 3, lp, top_ids, top_lp);
+  for (int r = 0; r < 2; ++r) {
+    float c;
+    int32_t want_ids[3];
+    float want_lp[3];
+    sampling::logprobs_row(rows.data() + r * 5, 5, picked[r], 3, &c, want_ids, want_lp);
+    EXPECT_EQ(lp[r], c);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(top_ids[r * 3 + k], want_ids[k]);
+      EXPECT_EQ(top_lp[r * 3 + k], want_lp[k]);
+    }
+  }
+  test::expect_error([&] { be->logprobs(mat(rows.data(), DType::F32, 2, 5), picked, 21, lp, top_ids, top_lp); },
+                     {"top_n 21"});
+}
+
+// Model::decode with the additive penalties (counts kept on the device, seeded by set_sampling's
+// generated tokens) picks what a host Sampler picks over forward()'s logits; decode_logprobs gives
+// the reference log-probabilities of those logits.
+TEST(ModelDecode, PenaltiesAndLogprobsMatchTheHost) {
+  Engine eng = build_engine(test::fixture("qwen3_swa"));
+  auto be_a = make_cpu_backend(2), be_b = make_cpu_backend(2);
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 40;
+  Model dev(eng, *be_a, rt), host(eng, *be_b, rt);
+  const int64_t V = dev.spec().vocab;
+  SamplingParams sp;  // greedy with penalties: the argmax after them
+  sp.frequency_penalty = 1.5f;
+  sp.presence_penalty = 0.5f;
+  SamplingParams sampled = temp(0.9f, 77);
+  sampled.frequency_penalty = 0.7f;
+  sampled.presence_penalty = -0.3f;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 17, 230, 9}, {44, 3, 12}};
+  Batch fill;
+  for (int r = 0; r < 2; ++r) fill.rows.push_back(BatchRow{r, prompts[size_t(r)], 0, {}, false});
+  HostTensor lg = dev.forward(fill);
+  host.forward(fill);
+  test::expect_error([&] { dev.decode_logprobs(2); }, {"no decode step"});
+  Sampler s0(sp), s1(sampled);
+  std::vector<std::vector<int32_t>> gen(2);
+  std::vector<int32_t> tok = {s0.pick(lg.as<float>(), V, prompts[0]), s1.pick(lg.as<float>() + V, V, prompts[1])};
+  for (int r = 0; r < 2; ++r) {
+    gen[size_t(r)].push_back(tok[size_t(r)]);
+    std::vector<int32_t> h = prompts[size_t(r)];
+    h.push_back(tok[size_t(r)]);
+    dev.set_sampling(r, r == 0 ? sp : sampled, h, (r == 0 ? s0 : s1).draws(), gen[size_t(r)]);
+  }
+  std::vector<int64_t> at = {int64_t(prompts[0].size()), int64_t(prompts[1].size())};
+  std::vector<int32_t> dev_tok = tok, host_tok = tok;
+  std::set<int32_t> distinct;
+  for (int step = 0; step < 10; ++step) {
+    dev_tok = dev.decode({0, 1}, dev_tok, at);
+    const Model::StepLogprobs lps = dev.decode_logprobs(3);
+    HostTensor l = host.forward(Batch{{BatchRow{0, {host_tok[0]}, at[0], {}, false},
+                                       BatchRow{1, {host_tok[1]}, at[1], {}, false}}});
+    host_tok = {s0.pick(l.as<float>(), V, {}, gen[0]), s1.pick(l.as<float>() + V, V, {}, gen[1])};
+    ASSERT_EQ(dev_tok, host_tok) << "step " << step;
+    for (int r = 0; r < 2; ++r) {
+      gen[size_t(r)].push_back(host_tok[size_t(r)]);
+      float c;
+      int32_t ids[3];
+      float vals[3];
+      sampling::logprobs_row(l.as<float>() + r * V, V, host_tok[size_t(r)], 3, &c, ids, vals);
+      EXPECT_EQ(lps.chosen[size_t(r)], c);
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_EQ(lps.top_ids[size_t(r * 3 + k)], ids[k]);
+        EXPECT_EQ(lps.top[size_t(r * 3 + k)], vals[k]);
+      }
+    }
+    distinct.insert(dev_tok[0]);
+    for (int64_t& a : at) ++a;
+  }
+  // The penalties keep greedy from repeating one token forever.
+  EXPECT_GT(distinct.size(), 2u);
+  test::expect_error([&] { dev.set_sampling(0, sp, {}, 0, std::vector<int32_t>{int32_t(V)}); },
+                     {"generated token id", "outside the vocabulary"});
 }
 
 }  // namespace

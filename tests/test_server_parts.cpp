@@ -42,6 +42,22 @@ TEST(ServerRequest, ParsesTheOpenAIFields) {
   EXPECT_TRUE(c.prompt_is_ids);
   EXPECT_EQ(c.prompt_ids, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_FLOAT_EQ(c.sampling.temperature, 1.0f) << "OpenAI's default temperature";
+  EXPECT_EQ(r.logprobs, -1) << "logprobs: false asks for none";
+  EXPECT_EQ(c.logprobs, -1);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 0.0f);
+
+  // The penalties and log-probabilities.
+  const auto p = server::parse_request(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}],
+    "frequency_penalty": -1.5, "presence_penalty": 2, "logprobs": true, "top_logprobs": 20})");
+  EXPECT_FLOAT_EQ(p.sampling.frequency_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(p.sampling.presence_penalty, 2.0f);
+  EXPECT_EQ(p.logprobs, 20);
+  const auto q = server::parse_request(Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}],
+    "logprobs": true, "top_logprobs": null})");
+  EXPECT_EQ(q.logprobs, 0) << "logprobs alone: the picked token's only";
+  EXPECT_EQ(server::parse_request(Endpoint::Completion, R"({"prompt": "x", "logprobs": 0})").logprobs, 0);
+  EXPECT_EQ(server::parse_request(Endpoint::Completion, R"({"prompt": "x", "logprobs": 5})").logprobs, 5);
+  EXPECT_EQ(server::parse_request(Endpoint::Completion, R"({"prompt": "x", "logprobs": null})").logprobs, -1);
 }
 
 TEST(ServerRequest, RefusesBadValuesNamingTheField) {
@@ -67,12 +83,22 @@ TEST(ServerRequest, RefusesBadValuesNamingTheField) {
       {Endpoint::Completion, R"({"prompt": "x", "top_k": -5})", "top_k", "[-1, "},
       {Endpoint::Completion, R"({"prompt": "x", "min_p": 1})", "min_p", "[0, 1)"},
       {Endpoint::Completion, R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "(0, 10]"},
-      {Endpoint::Completion, R"({"prompt": "x", "frequency_penalty": 0.5})", "frequency_penalty", "not supported"},
-      {Endpoint::Completion, R"({"prompt": "x", "presence_penalty": -1})", "presence_penalty", "not supported"},
+      {Endpoint::Completion, R"({"prompt": "x", "frequency_penalty": 2.5})", "frequency_penalty", "[-2, 2]"},
+      {Endpoint::Completion, R"({"prompt": "x", "frequency_penalty": "1"})", "frequency_penalty", "number"},
+      {Endpoint::Completion, R"({"prompt": "x", "presence_penalty": -2.5})", "presence_penalty", "[-2, 2]"},
       {Endpoint::Completion, R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty", "[-2, 2]"},
-      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs", "not supported"},
-      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs", "not supported"},
-      {Endpoint::Completion, R"({"prompt": "x", "logprobs": 3})", "logprobs", "not supported"},
+      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs", "true or false"},
+      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
+       "needs logprobs: true"},
+      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 0})",
+       "top_logprobs", "needs logprobs: true"},
+      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
+       "top_logprobs", "[0, 20]"},
+      {Endpoint::Chat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1.5})",
+       "top_logprobs", "integer"},
+      {Endpoint::Completion, R"({"prompt": "x", "logprobs": 6})", "logprobs", "[0, 5]"},
+      {Endpoint::Completion, R"({"prompt": "x", "logprobs": true})", "logprobs", "integer"},
+      {Endpoint::Completion, R"({"prompt": "x", "top_logprobs": 2})", "top_logprobs", "unrecognized"},
       {Endpoint::Completion, R"({"prompt": "x", "n": 0})", "n", "[1, 16]"},
       {Endpoint::Completion, R"({"prompt": "x", "n": 17})", "n", "[1, 16]"},
       {Endpoint::Completion, R"({"prompt": "x", "stop": ""})", "stop", "empty"},

@@ -39,6 +39,10 @@ struct Sampling {
   float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off
   uint64_t seed = 0;                // the same seed and inputs give the same tokens
+  // OpenAI's penalties over the generated tokens (not the prompt), each in [-2, 2], 0 = off: the
+  // logit of a token generated c times loses frequency_penalty * c + presence_penalty.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
 };
 
 struct GenerateConfig {

@@ -39,7 +39,8 @@ ChatOptions chat_options(const ChatConfig& c) {
 
 // The public sampling settings as the runtime's (the one conversion).
 SamplingParams to_runtime(const Sampling& s) {
-  return SamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.seed};
+  return SamplingParams{s.temperature, s.top_k,   s.top_p,           s.min_p,
+                        s.repetition_penalty, s.seed, s.frequency_penalty, s.presence_penalty};
 }
 
 }  // namespace

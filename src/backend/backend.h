@@ -129,6 +129,10 @@ struct SampleParams {
   float min_p = 0.0f;               // 0 = off; relative to the top token's probability
   float repetition_penalty = 1.0f;  // 1 = off
   uint64_t seed = 0;
+  // OpenAI's additive penalties over the row's generated tokens (counts), 0 = off. Last, so that the
+  // positional initialisers written before they existed keep their meaning.
+  float frequency_penalty = 0.0f;  // minus this x the token's count
+  float presence_penalty = 0.0f;   // minus this once the token was generated at all
 };
 
 // What the sample op reads and advances, in backend memory, per state row (a cache row for the
@@ -140,6 +144,10 @@ struct SampleState {
   uint32_t* step = nullptr;              // [state rows] draws so far: the position in the seed's stream
   uint8_t* seen = nullptr;               // [state rows, seen_ld] 1 = token in the row's history; may be null
   int64_t seen_ld = 0;
+  // [state rows, counts_ld] times each token was generated (the prompt not counted, as OpenAI and
+  // vLLM count for the frequency and presence penalties); may be null.
+  int32_t* counts = nullptr;
+  int64_t counts_ld = 0;
 };
 
 // A recorded sequence of ops replayed as one unit (a CUDA graph). Everything that changes between
@@ -206,11 +214,19 @@ class Backend {
   // out[i] = argmax_j logits[i, j] (lowest index on ties), or -1 (sampling::kNoToken) for a row with
   // a NaN or +inf logit or no finite one: its softmax is NaN, it has no meaningful pick.
   virtual void argmax(const Mat& logits, int32_t* out) = 0;
-  // out[i] = a token drawn from logits row i by its state row's settings (repetition penalty,
-  // temperature, top-k, min-p, top-p), defined exactly in backend/sampling.h so every backend picks
-  // the same token; then marks it in seen (when given) and advances step. A row without a pick
-  // (as for argmax) gives -1 (sampling::kNoToken), marks nothing and still advances step.
+  // out[i] = a token drawn from logits row i by its state row's settings (repetition, frequency and
+  // presence penalties, temperature, top-k, min-p, top-p), defined exactly in backend/sampling.h so
+  // every backend picks the same token; then marks it in seen and counts it in counts (each when
+  // given) and advances step. A row without a pick (as for argmax) gives -1 (sampling::kNoToken),
+  // marks and counts nothing and still advances step.
   virtual void sample(const Mat& logits, const SampleState& st, int32_t* out) = 0;
+  // Log-probabilities of the raw logits (log_softmax, no temperature or penalty), defined in
+  // backend/logprobs.h: per row i, chosen_lp[i] = logits[i, chosen[i]] - logsumexp(logits[i, :]) (NaN
+  // when chosen[i] is not a token, e.g. kNoToken), and the top_n (0..kMaxTopLogprobs) most likely
+  // tokens in descending order, ties to the lower id, into top_ids/top_lp [rows, top_n]. All outputs
+  // in backend memory. Only called when a request asks for log-probabilities.
+  virtual void logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
+                        float* top_lp) = 0;
   // Widens a matrix into contiguous f32 rows at dst (host memory backends only; others download).
   virtual void to_f32(const Mat& src, float* dst) = 0;
   // Linear attention (Gated DeltaNet) ops: see CausalConv1dParams, GatedDeltaRuleParams, GatedRmsNormParams.

@@ -10,9 +10,15 @@
 // than a libm whose last bit differs between the two, and sums of probability are exact integer sums
 // of fixed-point weights, so the order in which a GPU reduces them cannot change them.
 //
-// One row, logits l[0, V), settings p, seen[i] (the token is in the row's history), draw counter step:
-//  1. s_i = score(l_i, seen_i): the repetition penalty divides positive logits and multiplies negative
-//     ones of seen tokens, then s_i = s_i * (1 / temperature).
+// One row, logits l[0, V), settings p, seen[i] (the token is in the row's history: prompt and
+// generated), count[i] (times the token was generated, the prompt not counted), draw counter step:
+//  1. s_i = score(l_i, seen_i, count_i), in this order, each one rounded operation:
+//     a. the repetition penalty (transformers'): a seen token's logit is divided by it when positive,
+//        multiplied by it otherwise;
+//     b. when count_i > 0, s_i = s_i - frequency_penalty * float(count_i), then
+//        s_i = s_i - presence_penalty (OpenAI's penalties, applied after the repetition penalty and
+//        before the temperature, frequency then presence, as vLLM applies them);
+//     c. s_i = s_i * (1 / temperature).
 //  2. Candidates are ordered by s descending, ties by lower id: `composite(order_key(s_i), i)`
 //     descending. temperature <= 0: the first candidate (the argmax after the penalty).
 //  3. top = the first candidate, m = its score; w_i = weight(s_i, m) in [0, 1] (1 at the top, 0 more
@@ -29,7 +35,8 @@
 // and gives kNoToken. Its softmax is NaN (transformers' multinomial refuses it); such logits come from
 // overflowed activations or broken weights. -inf entries beside finite ones are tokens of probability
 // 0, as usual.
-// The op then marks the pick in seen (none for kNoToken) and advances step.
+// The op then marks the pick in seen and adds one to its count (neither for kNoToken) and advances
+// step. Counts of tokens never generated are 0, so the additive penalties leave them alone.
 //
 // The argmax op shares the rule: the first maximum of the row, or kNoToken; argmax_row below is its
 // definition.
@@ -165,6 +172,22 @@ INGOT_HD float score(float logit, bool seen, float penalty, float inv_temp) {
   return mul_rn(s, inv_temp);
 }
 
+// Step 1 with the additive penalties: count = times the token was generated (0 when the row keeps no
+// counts or neither penalty is on). float(count) is exact below 2^24, far beyond any cache row.
+INGOT_HD float score(float logit, bool seen, float penalty, int32_t count, float frequency, float presence,
+                     float inv_temp) {
+  float s = logit;
+  if (seen) s = s > 0.0f ? div_rn(s, penalty) : mul_rn(s, penalty);
+  if (count > 0) {
+    s = sub_rn(s, mul_rn(frequency, float(count)));
+    s = sub_rn(s, presence);
+  }
+  return mul_rn(s, inv_temp);
+}
+
+// Whether a row's settings read the counts at all.
+INGOT_HD bool counts_penalise(const SampleParams& p) { return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f; }
+
 // A key whose unsigned order is the scores' order: NaN lowest, -0 equal to +0.
 INGOT_HD uint32_t order_key(float s) {
   if (s != s) return 0;
@@ -228,8 +251,13 @@ INGOT_HD uint64_t top_p_target(float top_p, uint64_t total) {
 // ---- the reference ----------------------------------------------------------------------------
 
 // One row through steps 1-7 on the host: f32 logits of `vocab` tokens, seen (null: nothing seen) of
-// `vocab` flags, the row's draw counter. Neither marks seen nor advances step (the op does).
-int32_t sample_row(const float* logits, int64_t vocab, const SampleParams& p, const uint8_t* seen, uint32_t step);
+// `vocab` flags, counts (null: nothing generated) of `vocab` counts, the row's draw counter. Neither
+// marks seen, counts nor advances step (the op does).
+int32_t sample_row(const float* logits, int64_t vocab, const SampleParams& p, const uint8_t* seen,
+                   const int32_t* counts, uint32_t step);
+inline int32_t sample_row(const float* logits, int64_t vocab, const SampleParams& p, const uint8_t* seen, uint32_t step) {
+  return sample_row(logits, vocab, p, seen, nullptr, step);
+}
 
 // The argmax op on one row: the lowest index of the maximum, or kNoToken for a row with a NaN or +inf
 // logit or none finite.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "backend/logprobs.h"
 #include "backend/sampling.h"
 
 namespace ingot {
@@ -112,6 +113,9 @@ RequestId Generator::submit(Request r) {
       throw Error("generate: prompt token id " + std::to_string(id) + " is outside the vocabulary of " +
                   std::to_string(m_.spec().vocab));
   r.sampling.validate();
+  if (r.logprobs < -1 || r.logprobs > sampling::kMaxTopLogprobs)
+    throw Error("generate: logprobs " + std::to_string(r.logprobs) + " is outside [-1, " +
+                std::to_string(sampling::kMaxTopLogprobs) + "] (-1 = none)");
   if (!r.stop.empty() && !r.text) throw Error("generate: stop strings need the request's text (a tokenizer)");
   if (r.slot < -1 || r.slot >= slots())
     throw Error("generate: slot " + std::to_string(r.slot) + " is outside [0, " + std::to_string(slots()) + ")");
@@ -243,7 +247,7 @@ void Generator::finish(Active& a, StopReason why, const std::string& error) {
   }
 }
 
-void Generator::accept(Active& a, int32_t tok) {
+void Generator::accept(Active& a, int32_t tok, TokenLogprob* lp) {
   const int index = int(a.out.ids.size());
   if (tok == sampling::kNoToken) return finish(a, StopReason::Error, non_finite_logits(index).what());
   if (index == 0) {
@@ -251,16 +255,21 @@ void Generator::accept(Active& a, int32_t tok) {
     a.out.ttft_s = secs(a.t_submit, a.t_first);
   }
   a.out.ids.push_back(tok);
+  const TokenLogprob* shown = nullptr;
+  if (lp && a.req.logprobs >= 0) {
+    a.out.logprobs.push_back(std::move(*lp));
+    shown = &a.out.logprobs.back();
+  }
   try {
     if (std::find(a.req.eos_ids.begin(), a.req.eos_ids.end(), tok) != a.req.eos_ids.end()) {
-      if (a.req.on_token) a.req.on_token(TokenEvent{tok, {}, index});
+      if (a.req.on_token) a.req.on_token(TokenEvent{tok, {}, index, shown});
       return finish(a, StopReason::Eos);
     }
     bool hit = false;
     std::string piece;
     if (a.req.text) piece = a.stop.push(a.req.text->push(tok), hit);
     a.out.text += piece;
-    if (a.req.on_token) a.req.on_token(TokenEvent{tok, piece, index});
+    if (a.req.on_token) a.req.on_token(TokenEvent{tok, piece, index, shown});
     if (hit) return finish(a, StopReason::StopString);
     if (int(a.out.ids.size()) >= a.max_new) return finish(a, a.capped ? StopReason::Capacity : StopReason::Length);
     a.pending = tok;
@@ -298,10 +307,31 @@ void Generator::decode_rows() {
       fail_all(part, e);
       continue;
     }
+    // Log-probabilities only when a row of this call asks, at the largest top-N any of them asks.
+    int top_n = -1;
+    for (int s : part) top_n = std::max(top_n, slots_[size_t(s)].req->req.logprobs);
+    Model::StepLogprobs lps;
+    if (top_n >= 0) {
+      try {
+        lps = m_.decode_logprobs(top_n);
+      } catch (const std::exception& e) {
+        fail_all(part, e);
+        continue;
+      }
+    }
     for (size_t i = 0; i < part.size(); ++i) {
       Slot& sl = slots_[size_t(part[i])];
       sl.cached.push_back(tokens[from + i]);
-      accept(*sl.req, next[i]);
+      TokenLogprob lp;
+      const int want = sl.req->req.logprobs;
+      if (want >= 0) {
+        lp.logprob = lps.chosen[i];
+        for (int k = 0; k < want; ++k) {
+          const int32_t id = lps.top_ids[i * size_t(top_n) + size_t(k)];
+          if (id >= 0) lp.top.emplace_back(id, lps.top[i * size_t(top_n) + size_t(k)]);
+        }
+      }
+      accept(*sl.req, next[i], want >= 0 ? &lp : nullptr);
     }
   }
 }
@@ -348,13 +378,25 @@ void Generator::prefill_rows() {
     // random stream from there, with the prompt and that token as the penalty's history.
     Sampler sampler(a.req.sampling);
     std::vector<int32_t> history = a.req.prompt;
-    const int32_t tok = sampler.pick(logits.as<float>() + int64_t(i) * V, V, history);
+    const float* row_logits = logits.as<float>() + int64_t(i) * V;
+    const int32_t tok = sampler.pick(row_logits, V, history);
     if (tok != sampling::kNoToken) {
       history.push_back(tok);
-      // Set even when greedy: the row may have been left sampling by an earlier request.
-      m_.set_sampling(rows[i], a.req.sampling, history, sampler.draws());
+      // Set even when greedy: the row may have been left sampling by an earlier request. The first
+      // token is the only one generated so far (the counts' start).
+      const int32_t first[1] = {tok};
+      m_.set_sampling(rows[i], a.req.sampling, history, sampler.draws(), first);
     }
-    accept(a, tok);
+    TokenLogprob lp;
+    if (a.req.logprobs >= 0 && tok != sampling::kNoToken) {
+      // The host reference of the logprobs op: these logits are on the host already.
+      int32_t ids[sampling::kMaxTopLogprobs];
+      float vals[sampling::kMaxTopLogprobs];
+      sampling::logprobs_row(row_logits, V, tok, a.req.logprobs, &lp.logprob, ids, vals);
+      for (int k = 0; k < a.req.logprobs; ++k)
+        if (ids[k] >= 0) lp.top.emplace_back(ids[k], vals[k]);
+    }
+    accept(a, tok, a.req.logprobs >= 0 ? &lp : nullptr);
   }
 }
 

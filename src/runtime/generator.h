@@ -61,12 +61,20 @@ enum class StopReason { Eos, StopString, Length, Capacity, Cancelled, Error };
 // eos | stop_string | length | capacity | cancelled | error
 const char* stop_reason_name(StopReason r);
 
+// A generated token's log-probability and the most likely alternatives at its step, from the raw
+// logits (log_softmax before penalties and temperature, backend/logprobs.h).
+struct TokenLogprob {
+  float logprob = 0.0f;                          // of the token picked
+  std::vector<std::pair<int32_t, float>> top;  // Request::logprobs most likely (id, logprob), descending
+};
+
 // One streamed token: its id and the text it released (empty while a character or a possible stop
 // string is pending). At the end, text still held back comes in one event with id -1.
 struct TokenEvent {
   int32_t id = -1;
   std::string_view text;
   int index = 0;  // 0 = the first generated token (picked from the prefill's logits)
+  const TokenLogprob* logprob = nullptr;  // when the request asked for log-probabilities (id >= 0)
 };
 
 using RequestId = uint64_t;
@@ -75,6 +83,7 @@ struct Completion {
   RequestId id = 0;
   int slot = -1;
   std::vector<int32_t> ids;  // generated ids (an eos id included)
+  std::vector<TokenLogprob> logprobs;  // one per id when the request asked for them, else empty
   std::string text;          // generated text, cut before a stop string (with a TextDecoder)
   int64_t prompt_tokens = 0;
   int64_t computed_prompt_tokens = 0;  // prompt tokens computed; the rest came from the slot's cache
@@ -89,6 +98,9 @@ struct Request {
   std::vector<int32_t> prompt;  // [len] ids, len >= 1
   int max_new_tokens = 16;
   SamplingParams sampling;         // greedy unless set
+  // Log-probabilities of each generated token and of this many alternatives (0..20), or -1: none.
+  // Computed only for requests that ask (one extra op after a decode step that carries one).
+  int logprobs = -1;
   std::vector<int32_t> eos_ids;    // stop after emitting one of these
   std::vector<std::string> stop;   // stop strings, matched on the text (needs `text`)
   std::unique_ptr<TextDecoder> text;  // null: tokens only
@@ -167,7 +179,7 @@ class Generator {
   void decode_rows();
   void prefill_rows();
   // A generated token for a's request; stops it when due. index = how many came before.
-  void accept(Active& a, int32_t tok);
+  void accept(Active& a, int32_t tok, TokenLogprob* lp = nullptr);
   void finish(Active& a, StopReason why, const std::string& error = {});
   void fail_all(const std::vector<int>& slots, const std::exception& e);
 

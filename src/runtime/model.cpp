@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "backend/logprobs.h"
 #include "core/error.h"
 #include "models/rope.h"
 
@@ -70,11 +71,14 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(sample_params_, w.sample_params);
   ws(sample_step_, w.sample_step);
   ws(sample_seen_, w.sample_seen);
+  ws(sample_counts_, w.sample_counts);
+  ws(logprobs_out_, w.logprobs);
   row_sampling_.assign(size_t(opt_.max_batch), SamplingParams{});
   const std::vector<SampleParams> greedy(size_t(opt_.max_batch), SamplingParams{}.to_backend());
   be_.upload(sample_params_.get(), greedy.data(), greedy.size() * sizeof(SampleParams));
   be_.fill_zero(sample_step_.get(), sample_step_.size());
   be_.fill_zero(sample_seen_.get(), sample_seen_.size());
+  be_.fill_zero(sample_counts_.get(), sample_counts_.size());
   std::vector<float> inv = rope_inv_freq(s);
   ws(inv_freq_, w.inv_freq);
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
@@ -169,7 +173,8 @@ void Model::upload_meta(const Prepared& p) {
   up(out_idx_, p.out_idx);
 }
 
-void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws) {
+void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws,
+                         std::span<const int32_t> generated) {
   if (row < 0 || row >= state_.max_batch())
     throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(state_.max_batch()) + ")");
   p.validate();
@@ -184,6 +189,16 @@ void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32
       seen[size_t(t)] = 1;
     }
   }
+  std::vector<int32_t> counts;
+  if (p.counts_tokens()) {
+    counts.assign(size_t(spec_.vocab), 0);
+    for (int32_t t : generated) {
+      if (t < 0 || t >= spec_.vocab)
+        throw Error("set_sampling: generated token id " + std::to_string(t) + " is outside the vocabulary of " +
+                    std::to_string(spec_.vocab));
+      ++counts[size_t(t)];
+    }
+  }
   if (p != row_sampling_[size_t(row)]) {
     const SampleParams sp = p.to_backend();
     be_.upload(sample_params_.as<SampleParams>() + row, &sp, sizeof sp);
@@ -193,6 +208,34 @@ void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32
   be_.upload(sample_step_.as<uint32_t>() + row, &draws, sizeof draws);
   if (!seen.empty())
     be_.upload(sample_seen_.as<uint8_t>() + size_t(row) * size_t(spec_.vocab), seen.data(), seen.size());
+  if (!counts.empty())
+    be_.upload(sample_counts_.as<int32_t>() + size_t(row) * size_t(spec_.vocab), counts.data(),
+               counts.size() * sizeof(int32_t));
+}
+
+Model::StepLogprobs Model::decode_logprobs(int top_n) {
+  if (top_n < 0 || top_n > sampling::kMaxTopLogprobs)
+    throw Error("decode_logprobs: top_n " + std::to_string(top_n) + " is outside [0, " +
+                std::to_string(sampling::kMaxTopLogprobs) + "]");
+  const int64_t n = last_decode_rows_;
+  if (n < 1) throw Error("decode_logprobs: no decode step ran since the logits workspace was last written");
+  const int64_t L = opt_.max_logit_rows;
+  float* chosen = logprobs_out_.as<float>();
+  int32_t* ids = logprobs_out_.as<int32_t>() + L;
+  float* top = logprobs_out_.as<float>() + L + L * sampling::kMaxTopLogprobs;
+  be_.logprobs(mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab), next_tokens_.as<int32_t>(), top_n, chosen,
+               ids, top);
+  StepLogprobs out;
+  out.top_n = top_n;
+  out.chosen.resize(size_t(n));
+  out.top_ids.resize(size_t(n * top_n));
+  out.top.resize(size_t(n * top_n));
+  be_.download(out.chosen.data(), chosen, out.chosen.size() * sizeof(float));
+  if (top_n > 0) {
+    be_.download(out.top_ids.data(), ids, out.top_ids.size() * sizeof(int32_t));
+    be_.download(out.top.data(), top, out.top.size() * sizeof(float));
+  }
+  return out;
 }
 
 void Model::decode_body(int64_t n, bool sampled) {
@@ -211,11 +254,14 @@ void Model::decode_body(int64_t n, bool sampled) {
   st.step = sample_step_.as<uint32_t>();
   st.seen = sample_seen_.as<uint8_t>();
   st.seen_ld = spec_.vocab;
+  st.counts = sample_counts_.as<int32_t>();
+  st.counts_ld = spec_.vocab;
   be_.sample(lg, st, next_tokens_.as<int32_t>());
 }
 
 std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                                    const std::vector<int64_t>& write_index) {
+  last_decode_rows_ = 0;  // until this step's picks are in
   const int64_t n = int64_t(tokens.size());
   if (n < 1 || int64_t(write_index.size()) != n || int64_t(rows.size()) != n)
     throw Error("decode: need one cache row and one write index per token, and at least one row");
@@ -239,6 +285,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
   } else {
     decode_body(n, sampled);
   }
+  last_decode_rows_ = n;
   std::vector<int32_t> out(static_cast<size_t>(n));
   be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));
   return out;
@@ -246,6 +293,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
 
 HostTensor Model::forward(const Batch& batch) {
   Prepared p = prepare(batch);
+  last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
   advance_lengths(batch);

@@ -59,11 +59,27 @@ class Model {
                               const std::vector<int64_t>& write_index);
 
   // How decode() picks cache row `row`'s next tokens from now on: the settings, the tokens the
-  // repetition penalty applies to (the prompt and what was generated so far) and the draws already
-  // taken from the seed's stream (a host Sampler's draws(), when it picked the first token). The
-  // settings are uploaded only when they change and the history only when the penalty is on; each
-  // decode() then marks the pick and advances the draw counter on the device.
-  void set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history = {}, uint32_t draws = 0);
+  // repetition penalty applies to (the prompt and what was generated so far), the draws already
+  // taken from the seed's stream (a host Sampler's draws(), when it picked the first token) and the
+  // tokens generated so far (what the frequency and presence penalties count). The settings are
+  // uploaded only when they change, the history only when the repetition penalty is on and the
+  // counts only when a frequency or presence penalty is (the whole row, so whatever an earlier
+  // request left in a reused row is overwritten); each decode() then marks and counts the pick and
+  // advances the draw counter on the device.
+  void set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history = {}, uint32_t draws = 0,
+                    std::span<const int32_t> generated = {});
+
+  // The log-probabilities of the last decode()'s picks (log_softmax of the raw logits, before any
+  // penalty or temperature; backend/logprobs.h) and each row's top_n (0..20) most likely tokens,
+  // computed by the backend's logprobs op over the logits that step left in the workspace. Call it
+  // right after decode(), only when a request asks: decode() itself never pays for it.
+  struct StepLogprobs {
+    int top_n = 0;
+    std::vector<float> chosen;    // [rows]
+    std::vector<int32_t> top_ids;  // [rows, top_n]
+    std::vector<float> top;       // [rows, top_n]
+  };
+  StepLogprobs decode_logprobs(int top_n);
 
   const ModelSpec& spec() const { return spec_; }
   Backend& backend() { return be_; }
@@ -106,6 +122,9 @@ class Model {
   Buffer sample_params_;  // [max_batch] SampleParams
   Buffer sample_step_;    // [max_batch] uint32
   Buffer sample_seen_;    // [max_batch, vocab] uint8
+  Buffer sample_counts_;  // [max_batch, vocab] int32
+  Buffer logprobs_out_;   // [max_logit_rows] f32 chosen, [max_logit_rows, 20] int32 ids, [max_logit_rows, 20] f32
+  int64_t last_decode_rows_ = 0;  // rows of the last decode(), whose logits the workspace still holds
   std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
   float rope_scale_ = 1.0f;

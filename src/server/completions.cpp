@@ -1,12 +1,19 @@
 #include "server/completions.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <random>
 
 #include "runtime/state.h"
 #include "runtime/text_decoder.h"
 #include "server/api_error.h"
+#include "server/logprobs_json.h"
 #include "server/output.h"
 
 namespace ingot::server {
@@ -80,6 +87,49 @@ ApiError failure(const ChoiceEvent& e) {
   if (e.result.stop == StopReason::Cancelled)
     return ApiError(503, "the request was cancelled: the server is shutting down", "", "cancelled", "server_error");
   return ApiError(500, "generation failed: " + e.result.error, "", "generation_failed", "server_error");
+}
+
+// The socket of the connection a request came on, or -1. cpp-httplib 0.11 (Debian's) gives a handler
+// neither the socket nor is_connection_closed() (0.16 on), so it is found by its addresses: the one
+// socket whose local port and peer address and port are the request's (unique among open
+// connections). The open descriptors come from /proc/self/fd (a probe of every possible number costs
+// two system calls each, tens of thousands per request); once per non-streaming request.
+int connection_socket(const httplib::Request& req) {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) fds.push_back(std::stoi(name));
+  }
+  for (int fd : fds) {
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    auto port_of = [](const sockaddr_storage& a) {
+      if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+      if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+      return -1;
+    };
+    char host[INET6_ADDRSTRLEN] = {};
+    if (peer.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(peer).sin_addr, host, sizeof host);
+    else if (peer.ss_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr, host, sizeof host);
+    if (port_of(peer) == req.remote_port && port_of(local) == req.local_port && req.remote_addr == host) return fd;
+  }
+  return -1;
+}
+
+// Whether the client closed (or reset) the connection: the socket reads as ended or errs. Bytes
+// waiting (a pipelined next request) mean it is still there.
+bool connection_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP)) return true;
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 }  // namespace
@@ -184,6 +234,7 @@ void Completions::handle(Endpoint e, const httplib::Request& req, httplib::Respo
     q.max_new_tokens = int(p.max_new);
     q.sampling = a.sampling;
     q.sampling.seed = seed + uint64_t(i);
+    q.logprobs = a.logprobs;
     if (!a.ignore_eos) q.eos_ids = m_.eos_ids;
     q.stop = a.stop;
     q.text = text_decoder(m_.tokenizer);
@@ -199,19 +250,31 @@ void Completions::handle(Endpoint e, const httplib::Request& req, httplib::Respo
                    "", "server_busy", "server_error");
   }
   if (a.stream) stream(p, res);
-  else whole(p, res);
+  else whole(p, req, res);
 }
 
-void Completions::whole(Prepared& p, httplib::Response& res) {
+void Completions::whole(Prepared& p, const httplib::Request& req, httplib::Response& res) {
   const ApiRequest& a = p.api;
   std::vector<ChoiceEvent> done(size_t(a.n));
   int left = a.n;
-  while (left > 0)
-    for (ChoiceEvent& e : p.channel->take(1000ms))
+  // Every generated token wakes this loop (the channel gets its text), so a client that leaves is
+  // noticed within a step of the generator; the short timeout covers a request still queued.
+  const int fd = connection_socket(req);
+  bool gone = false;
+  while (left > 0) {
+    for (ChoiceEvent& e : p.channel->take(100ms))
       if (e.done) {
         done[size_t(e.choice)] = std::move(e);
         --left;
       }
+    if (!gone && connection_closed(fd)) {
+      gone = true;
+      p.cancel->store(true);  // the generator frees the slots at its next step; the loop waits for that
+    }
+  }
+  if (gone)
+    throw ApiError(499, "the client closed the connection before the answer was ready", "", "client_closed",
+                   "server_error");
   for (const ChoiceEvent& e : done)
     if (e.rejected || e.result.stop == StopReason::Error || e.result.stop == StopReason::Cancelled) throw failure(e);
   const bool chat = a.endpoint == Endpoint::Chat;
@@ -220,8 +283,15 @@ void Completions::whole(Prepared& p, httplib::Response& res) {
   for (int i = 0; i < a.n; ++i) {
     const Completion& c = done[size_t(i)].result;
     completion += int64_t(c.ids.size());
+    json logprobs;  // null unless asked
+    if (a.logprobs >= 0 && !chat) {
+      int64_t offset = 0;
+      logprobs = completion_logprobs(m_.tokenizer, c.ids, c.logprobs, offset);
+    } else if (a.logprobs >= 0) {
+      logprobs = {{"content", chat_logprobs(m_.tokenizer, c.ids, c.logprobs)}, {"refusal", nullptr}};
+    }
     if (!chat) {
-      choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c.stop, false)}});
+      choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", logprobs}, {"finish_reason", finish_reason(c.stop, false)}});
       continue;
     }
     OutputParser parser(thinking_, p.starts_in_reasoning, a.tools);
@@ -233,7 +303,7 @@ void Completions::whole(Prepared& p, httplib::Response& res) {
     json msg = {{"role", "assistant"}, {"content", tools && d.content.empty() ? json() : json(d.content)}};
     if (!d.reasoning.empty()) msg["reasoning_content"] = d.reasoning;
     if (tools) msg["tool_calls"] = tool_calls_json(parser.tool_calls(), false);
-    choices.push_back({{"index", i}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c.stop, tools)}});
+    choices.push_back({{"index", i}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish_reason(c.stop, tools)}});
   }
   const Completion& first = done[0].result;
   json body = {{"id", p.id},
@@ -250,6 +320,8 @@ namespace {
 
 // What one streaming response has sent so far; shared by the content provider's calls.
 struct StreamState {
+  const tok::Tokenizer* tokenizer = nullptr;
+  bool logprobs = false;  // the request asked for log-probabilities
   std::shared_ptr<Channel> channel;
   std::shared_ptr<std::atomic<bool>> cancel;
   bool chat = true, include_usage = false;
@@ -258,6 +330,12 @@ struct StreamState {
   int n = 1;
   std::vector<OutputParser> parsers;
   std::vector<bool> started;  // the role chunk went out
+  // Per choice: tokens whose log-probabilities have not gone out yet (they ride on the next chunk of
+  // that choice, so text held back by a stop string or a character split over tokens delays them
+  // too), and the completions' text_offset so far.
+  std::vector<std::vector<int32_t>> pending_ids;
+  std::vector<std::vector<TokenLogprob>> pending_lps;
+  std::vector<int64_t> offsets;
   int left = 0;
   int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
@@ -271,9 +349,21 @@ struct StreamState {
     if (include_usage) c["usage"] = nullptr;
     return c;
   }
-  json delta_choice(int i, json delta, const char* finish) const {
-    if (!chat) return {{"index", i}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json()}};
-    return {{"index", i}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json()}};
+  // The pending log-probabilities of choice i in its endpoint's shape (null when not asked), and
+  // nothing pending afterwards.
+  json take_logprobs(int i) {
+    if (!logprobs) return nullptr;
+    auto& ids = pending_ids[size_t(i)];
+    auto& lps = pending_lps[size_t(i)];
+    json out = chat ? json{{"content", chat_logprobs(*tokenizer, ids, lps)}, {"refusal", nullptr}}
+                    : completion_logprobs(*tokenizer, ids, lps, offsets[size_t(i)]);
+    ids.clear();
+    lps.clear();
+    return out;
+  }
+  json delta_choice(int i, json delta, const char* finish, json logprobs = nullptr) const {
+    if (!chat) return {{"index", i}, {"text", delta.value("content", "")}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish ? json(finish) : json()}};
+    return {{"index", i}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish ? json(finish) : json()}};
   }
   // The SSE lines of one event.
   std::string lines(ChoiceEvent& e) {
@@ -286,10 +376,14 @@ struct StreamState {
         started[size_t(i)] = true;
         send(chunk(delta_choice(i, {{"role", "assistant"}, {"content", ""}}, nullptr)));
       }
-      if (!d.reasoning.empty()) send(chunk(delta_choice(i, {{"reasoning_content", d.reasoning}}, nullptr)));
-      if (!d.content.empty()) send(chunk(delta_choice(i, {{"content", d.content}}, nullptr)));
+      if (!d.reasoning.empty()) send(chunk(delta_choice(i, {{"reasoning_content", d.reasoning}}, nullptr, take_logprobs(i))));
+      if (!d.content.empty()) send(chunk(delta_choice(i, {{"content", d.content}}, nullptr, take_logprobs(i))));
     };
     if (!e.done) {
+      if (logprobs && e.token >= 0) {
+        pending_ids[size_t(i)].push_back(e.token);
+        pending_lps[size_t(i)].push_back(std::move(e.logprob));
+      }
       send_delta(parser.push(e.text));
       return out;
     }
@@ -303,7 +397,9 @@ struct StreamState {
     if (chat && !started[size_t(i)]) send_delta(TextDelta{});  // the role chunk, even for an empty reply
     const bool tools = !parser.tool_calls().empty();
     if (tools) send(chunk(delta_choice(i, {{"tool_calls", tool_calls_json(parser.tool_calls(), true)}}, nullptr)));
-    send(chunk(delta_choice(i, json::object(), finish_reason(c.stop, tools))));
+    // What is still pending (an eos token, text cut by a stop string) goes with the last chunk.
+    const bool any = logprobs && !pending_ids[size_t(i)].empty();
+    send(chunk(delta_choice(i, json::object(), finish_reason(c.stop, tools), any ? take_logprobs(i) : json())));
     prompt_tokens = c.prompt_tokens;
     cached_tokens = c.prompt_tokens - c.computed_prompt_tokens;
     completion_tokens += int64_t(c.ids.size());
@@ -325,6 +421,11 @@ void Completions::stream(Prepared& p, httplib::Response& res) {
   st->n = st->left = p.api.n;
   for (int i = 0; i < p.api.n; ++i) st->parsers.emplace_back(thinking_, p.starts_in_reasoning, p.api.tools);
   st->started.assign(size_t(p.api.n), false);
+  st->tokenizer = &m_.tokenizer;
+  st->logprobs = p.api.logprobs >= 0;
+  st->pending_ids.resize(size_t(p.api.n));
+  st->pending_lps.resize(size_t(p.api.n));
+  st->offsets.assign(size_t(p.api.n), 0);
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(

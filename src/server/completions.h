@@ -4,7 +4,8 @@
 // Generator requests sharing one cancel flag, and the answer is either one JSON body or server-sent
 // events (`data: {chunk}` per piece, the usage chunk when asked, `data: [DONE]`). A streaming client
 // that goes away makes the next write fail; the response's release hook then sets the cancel flag,
-// so its slots free within one generator step.
+// so its slots free within one generator step. A non-streaming client that goes away is noticed by
+// polling its socket while the answer is made, with the same effect.
 #pragma once
 #include <httplib.h>
 
@@ -32,7 +33,7 @@ class Completions {
  private:
   struct Prepared;
   Prepared prepare(Endpoint e, const httplib::Request& req) const;
-  void whole(Prepared& p, httplib::Response& res);
+  void whole(Prepared& p, const httplib::Request& req, httplib::Response& res);
   void stream(Prepared& p, httplib::Response& res);
 
   const ServedModel& m_;

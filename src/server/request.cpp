@@ -245,7 +245,8 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const RequestLimits&
   r.sampling.temperature = 1.0f;
   const bool chat = e == Endpoint::Chat;
   std::optional<int64_t> max_tokens, max_completion_tokens;
-  bool logprobs = false;
+  bool logprobs = false;               // chat's logprobs
+  std::optional<int> top_logprobs;     // chat's top_logprobs
   for (const auto& [k, v] : j.items()) {
     if (k == "model") {
       if (!v.is_string()) throw bad_field("model", "must be a string", "invalid_type");
@@ -277,9 +278,10 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const RequestLimits&
       const double p = number(v, k);
       if (!std::isfinite(p) || p <= 0 || p > 10) throw bad_field(k, "must be in (0, 10] (got " + shown(v) + ")");
       r.sampling.repetition_penalty = float(p);
-    } else if (k == "frequency_penalty" || k == "presence_penalty") {
-      if (number_in(v, k, -2, 2) != 0)
-        throw unsupported(k, "ingot's sampler has no frequency or presence penalty; use repetition_penalty");
+    } else if (k == "frequency_penalty") {
+      r.sampling.frequency_penalty = float(number_in(v, k, -2, 2));
+    } else if (k == "presence_penalty") {
+      r.sampling.presence_penalty = float(number_in(v, k, -2, 2));
     } else if (k == "seed") {
       r.sampling.seed = uint64_t(integer(v, k));
       r.seed_given = true;
@@ -294,13 +296,12 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const RequestLimits&
         if (!sv.is_null()) r.include_usage = boolean(sv, k + ".include_usage");
       }
     } else if (k == "logprobs") {
-      // chat: a boolean; completions: the number of top tokens.
-      logprobs = chat ? boolean(v, k) : integer_in(v, k, 0, 20) > 0;
-      if (logprobs)
-        throw unsupported(k, "token log-probabilities need the logits on the host, and the decode step picks on "
-                             "the device without returning them");
+      // chat: a boolean (the alternatives come from top_logprobs); completions: the number of
+      // alternatives, at most 5 as OpenAI's legacy API allows.
+      if (chat) logprobs = boolean(v, k);
+      else r.logprobs = int(integer_in(v, k, 0, 5));
     } else if (k == "top_logprobs" && chat) {
-      if (integer_in(v, k, 0, 20) > 0) throw unsupported(k, "token log-probabilities are not returned");
+      top_logprobs = int(integer_in(v, k, 0, 20));
     } else if (k == "logit_bias") {
       if (!v.is_object()) throw bad_field(k, "must be an object", "invalid_type");
       if (!v.empty()) throw unsupported(k, "the sampler has no per-token bias");
@@ -342,6 +343,11 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const RequestLimits&
                                                  std::to_string(*max_completion_tokens) + "); give one");
   r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   if (r.include_usage && !r.stream) throw bad_field("stream_options", "is only allowed with stream: true");
+  if (chat) {
+    // As OpenAI: top_logprobs means nothing unless logprobs is true.
+    if (top_logprobs && !logprobs) throw bad_field("top_logprobs", "needs logprobs: true");
+    if (logprobs) r.logprobs = top_logprobs.value_or(0);
+  }
   return r;
 }
 

@@ -1,8 +1,10 @@
 // The OpenAI request bodies of /v1/chat/completions and /v1/completions, parsed and validated into
 // one ApiRequest before anything is tokenized or queued. Every field is checked for its type and
 // range; a bad one throws ApiError (400) naming it and the limit, and a parameter ingot does not
-// implement (logprobs, non-zero frequency/presence penalties, logit_bias, ...) is refused the same way
-// instead of being ignored. Unknown fields are refused too (as OpenAI does), so a misspelt parameter
+// implement (logit_bias, echo, forced tool choice, ...) is refused the same way instead of being
+// ignored. Sampling (temperature, top_p, top_k, min_p, repetition_penalty, frequency_penalty,
+// presence_penalty, seed) and log-probabilities (chat logprobs + top_logprobs 0..20, completions
+// logprobs 0..5) are implemented. Unknown fields are refused too (as OpenAI does), so a misspelt parameter
 // does not silently fall back to its default. Pure: no model, no tokenizer (fuzzed by
 // tests/fuzz/fuzz_server_request.cpp).
 #pragma once
@@ -48,6 +50,9 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (vLLM, llama.cpp): do not stop at the eos ids
+  // Log-probabilities of each generated token plus this many alternatives, or -1: none asked. Chat:
+  // top_logprobs (0..20) when logprobs is true; completions: logprobs (0..5).
+  int logprobs = -1;
 };
 
 // Throws ApiError: 400 for malformed JSON, a body that is not an object, or a bad field.

@@ -75,7 +75,8 @@ void Scheduler::submit_now(Pending& p) {
     const int choice = int(i);
     std::shared_ptr<Channel> ch = p.channel;
     r.on_token = [ch, choice](const TokenEvent& e) {
-      if (!e.text.empty()) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}});
+      if (e.logprob) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}, e.id, *e.logprob});
+      else if (!e.text.empty()) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}});
     };
     auto cancel = r.cancel;
     r.on_done = [this, ch, choice, cancel](const Completion& c) {

@@ -28,6 +28,10 @@ struct ChoiceEvent {
   bool done = false;
   bool rejected = false;  // the generator refused the request at submit (result.error says why)
   Completion result;
+  // A generated token of a request that asked for log-probabilities (token -1 otherwise): such
+  // requests get one event per token, even one that released no text.
+  int32_t token = -1;
+  TokenLogprob logprob;
 };
 
 // One HTTP request's events, written by the scheduler thread, read by the HTTP thread.

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/linear_attention.h"
+#include "backend/logprobs.h"
 #include "backend/sampling.h"
 #include "core/error.h"
 #include "core/host_memory.h"
@@ -293,11 +294,24 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < logits.rows; ++r) {
       const int64_t sr = st.row ? st.row[r] : r;
       uint8_t* seen = st.seen ? st.seen + sr * st.seen_ld : nullptr;
-      const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, st.step[sr]);
+      int32_t* counts = st.counts ? st.counts + sr * st.counts_ld : nullptr;
+      const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, counts, st.step[sr]);
       out[r] = t;
       if (seen && t != sampling::kNoToken) seen[t] = 1;
+      if (counts && t != sampling::kNoToken) ++counts[t];
       ++st.step[sr];
     }
+  }
+
+  void logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
+                float* top_lp) override {
+    require_f32(logits, "logprobs");
+    if (top_n < 0 || top_n > sampling::kMaxTopLogprobs)
+      throw Error("cpu backend: logprobs top_n " + std::to_string(top_n) + " is outside [0, " +
+                  std::to_string(sampling::kMaxTopLogprobs) + "]");
+    for (int64_t r = 0; r < logits.rows; ++r)
+      sampling::logprobs_row(frow(logits, r), logits.cols, chosen[r], top_n, chosen_lp + r, top_ids + r * top_n,
+                             top_lp + r * top_n);
   }
 
   void to_f32(const Mat& src, float* dst) override {
@@ -317,9 +331,11 @@ class CpuBackend final : public Backend {
 
 namespace sampling {
 
-int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, uint32_t step) {
+int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, const int32_t* counts,
+                   uint32_t step) {
   const float inv_temp = inverse_temperature(p.temperature);
   const bool penalised = seen && p.repetition_penalty != 1.0f;
+  const bool counted = counts && counts_penalise(p);
   thread_local std::vector<float> s;
   s.resize(size_t(V));
   uint64_t best = 0;
@@ -327,7 +343,8 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   for (int64_t i = 0; i < V; ++i) {
     poisoned |= poisons_row(logits[i]);
     any_finite |= is_finite(logits[i]);
-    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, inv_temp);
+    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0,
+                         p.frequency_penalty, p.presence_penalty, inv_temp);
     best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
   }
   if (poisoned || !any_finite) return kNoToken;
@@ -380,6 +397,36 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
     if (acc > r) return composite_id(cand[j].c);
   }
   return top;  // not reached: r < mass
+}
+
+void logprobs_row(const float* logits, int64_t V, int32_t chosen, int top_n, float* chosen_lp, int32_t* top_ids,
+                  float* top_lp) {
+  // The sum in double: the reference the GPU's float sum is compared with.
+  float m = -INFINITY;
+  for (int64_t i = 0; i < V; ++i)
+    if (is_finite(logits[i]) && logits[i] > m) m = logits[i];
+  double sum = 0;
+  if (is_finite(m))
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - double(m));
+  const float z = is_finite(m) ? float(std::log(sum)) : NAN;
+  auto lp = [&](int64_t t) { return (logits[t] - m) - z; };
+  *chosen_lp = chosen >= 0 && chosen < V ? lp(chosen) : NAN;
+  if (top_n <= 0) return;
+  // The top_n largest ranks, kept sorted descending; a rank of 0 never belongs to a real token.
+  uint64_t best[kMaxTopLogprobs] = {};
+  const int n = int(std::min<int64_t>(top_n, V));
+  for (int64_t i = 0; i < V; ++i) {
+    const uint64_t c = logit_rank(logits[i], uint32_t(i));
+    if (c <= best[n - 1]) continue;
+    int j = n - 1;
+    for (; j > 0 && best[j - 1] < c; --j) best[j] = best[j - 1];
+    best[j] = c;
+  }
+  for (int k = 0; k < top_n; ++k) {
+    const bool real = k < n;
+    top_ids[k] = real ? composite_id(best[k]) : kNoToken;
+    top_lp[k] = real ? lp(top_ids[k]) : NAN;
+  }
 }
 
 }  // namespace sampling

@@ -428,6 +428,11 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "sample " + shape(logits); }, stream_->get());
     launch_sample(logits, st, out, stream_->get());
   }
+  void logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
+                float* top_lp) override {
+    auto _ = prof_.scope([&] { return "logprobs " + shape(logits); }, stream_->get());
+    launch_logprobs(logits, chosen, top_n, chosen_lp, top_ids, top_lp, stream_->get());
+  }
   void causal_conv1d(const CausalConv1dParams& p) override {
     auto _ = prof_.scope([&] { return "causal_conv1d " + shape(p.x); }, stream_->get());
     launch_causal_conv1d(p, stream_->get());

@@ -127,6 +127,9 @@ void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cuda
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // The sample op (sample.cu): one block per row, state in st's buffers, no scratch.
 void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s);
+// The logprobs op (logprobs.cu): one block per row, no scratch.
+void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
+                     float* top_lp, cudaStream_t s);
 // y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
 // suit it (the caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);

@@ -41,13 +41,15 @@ struct Shared {
 template <typename T>
 struct Row {
   const T* logits;
-  const uint8_t* seen;  // null when no penalty applies
-  float penalty, inv_temp;
+  const uint8_t* seen;     // null when no penalty applies
+  const int32_t* counts;   // null when neither additive penalty applies
+  float penalty, frequency, presence, inv_temp;
   float top;  // score of the top candidate
   uint32_t vocab;
 
   __device__ __forceinline__ float score_at(uint32_t j) const {
-    return sp::score(to_f(logits[j]), seen != nullptr && seen[j] != 0, penalty, inv_temp);
+    return sp::score(to_f(logits[j]), seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0,
+                     frequency, presence, inv_temp);
   }
 };
 
@@ -251,7 +253,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   Row<T> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
+  int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
+  row.counts = sp::counts_penalise(p) ? counts : nullptr;
   row.penalty = p.repetition_penalty;
+  row.frequency = p.frequency_penalty;
+  row.presence = p.presence_penalty;
   row.inv_temp = sp::inverse_temperature(p.temperature);
   row.vocab = a.vocab;
   row.top = 0.0f;
@@ -281,10 +287,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     row.top = row.score_at(uint32_t(pick));
     pick = draw(row, p, step, best, sh);
   }
-  // Every thread is past its last read of seen (each pass ends in a barrier).
+  // Every thread is past its last read of seen and counts (each pass ends in a barrier).
   if (threadIdx.x == 0) {
     a.out[r] = pick;
     if (seen) seen[pick] = 1;
+    if (counts) ++counts[pick];
     a.st.step[sr] = step + 1;
   }
 }
