@@ -73,6 +73,7 @@ void add_bench(CLI::App& app) {
     ls.device = a->model.device;
     ls.dtype = a->model.dtype;
     ls.threads = a->model.threads;
+    ls.batch_invariant = a->model.batch_invariant;
     ls.verify = !a->model.no_verify;
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();

@@ -19,6 +19,9 @@ void ModelArgs::add_to(CLI::App& app) {
                                    "also the activation dtype)")
       ->check(dtype_names());
   app.add_option("--threads", threads, "CPU threads (default: all cores; at most 4x the hardware threads)");
+  app.add_flag("--batch-invariant", batch_invariant,
+               "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
+               "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
 }
 
 LoadSpec ModelArgs::load_spec() const {
@@ -29,6 +32,7 @@ LoadSpec ModelArgs::load_spec() const {
   s.device = device;
   s.dtype = dtype;
   s.threads = threads;
+  s.batch_invariant = batch_invariant;
   s.verify = !no_verify;
   return s;
 }

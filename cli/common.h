@@ -15,6 +15,7 @@ struct ModelArgs {
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string dtype;      // --dtype (weights and, on the GPU, activations)
   int threads = 0;        // --threads (CPU)
+  bool batch_invariant = false;  // --batch-invariant: GPU kernels whose results do not depend on the batch
   bool no_verify = false;  // --no-verify: skip the engine file's blob checksums
   bool quiet = false;      // --quiet: no progress bar
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).

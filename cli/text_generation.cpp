@@ -53,6 +53,7 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
   api::LoadConfig c;
   c.device = a.device;
   c.threads = a.threads;
+  c.batch_invariant = a.batch_invariant;
   c.verify = !a.no_verify;
   c.dtype = a.dtype;
   c.capacity = capacity;

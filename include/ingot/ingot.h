@@ -16,6 +16,9 @@ namespace ingot::api {
 struct LoadConfig {
   std::string device = "auto";  // auto (the GPU when usable), cpu or cuda
   int threads = 0;              // CPU threads; 0 = all cores
+  // GPU: kernels whose result for a sequence does not depend on what else runs beside it or how its
+  // prompt is chunked, at a speed cost (docs/performance.md). The CPU backend always is.
+  bool batch_invariant = false;
   bool verify = true;           // engine files: check every weight's checksum while loading
   std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
   // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,

@@ -152,6 +152,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   ls.device = c.device;
   ls.dtype = c.dtype;
   ls.threads = c.threads;
+  ls.batch_invariant = c.batch_invariant;
   ls.verify = c.verify;
   ls.progress = c.progress;
   RuntimeOptions rt;

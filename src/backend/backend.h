@@ -270,7 +270,11 @@ class Buffer {
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 #ifdef INGOT_WITH_CUDA
 // dtype: activation/cache dtype (F32, F16 or BF16). Throws Error when no GPU is usable.
-std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device = 0);
+// batch_invariant: every op gives a token's row the same bits whatever else is in the call and however
+// a prompt is chunked (decode included): products through one cuBLASLt algorithm per weight shape without
+// split-K (no GEMV), attention in one slice per token on the decode kernel (no tensor-core prefill
+// kernel), the token-sequential delta rule (no chunked kernel). Slower; measured in docs/performance.md.
+std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device = 0, bool batch_invariant = false);
 bool cuda_available();
 #endif
 

@@ -18,7 +18,7 @@
 //
 // On the CPU a request's output does not depend on what else runs: rows never read each other's
 // cache, the backend reduces each row in a fixed order, and sampling is a counter-based stream per
-// request. On the GPU that needs batch-invariant kernels (issue 11, part 3).
+// request. On the GPU that needs the batch-invariant kernels (make_cuda_backend, --batch-invariant).
 //
 // Threading: one thread calls submit/step/run; any thread may set a request's cancel flag.
 #pragma once

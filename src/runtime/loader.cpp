@@ -32,12 +32,13 @@ std::string resolve_device(const std::string& device) {
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads) {
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads, bool batch_invariant) {
   const std::string d = resolve_device(device);  // refuses what this build cannot run
 #ifdef INGOT_WITH_CUDA
-  if (d == "cuda") return make_cuda_backend(dtype);
+  if (d == "cuda") return make_cuda_backend(dtype, 0, batch_invariant);
 #else
   (void)dtype;
+  (void)batch_invariant;  // the CPU backend is batch-invariant as it is
 #endif
   return make_cpu_backend(threads);
 }
@@ -117,7 +118,8 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();
-  l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, l.engine->weight_dtype, s.threads);
+  l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, l.engine->weight_dtype, s.threads,
+                                                                                     s.batch_invariant);
   return l;
 }
 

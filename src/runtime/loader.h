@@ -25,6 +25,7 @@ struct LoadSpec {
   std::string device = "auto";  // auto (the GPU when usable) | cpu | cuda
   std::string dtype;  // weights (and activations on the GPU): "" = the checkpoint's, bf16 for random ones
   int threads = 0;    // CPU threads; 0 = all cores
+  bool batch_invariant = false;  // GPU: batch-invariant kernels (backend.h, make_cuda_backend)
   bool verify = true;  // engine files: every blob's checksum
   ProgressFn progress;  // engine files: bytes verified so far and in all
   const std::string& source() const;
@@ -32,7 +33,8 @@ struct LoadSpec {
 
 // "auto" becomes cuda when a GPU is usable, else cpu; cuda in a build without CUDA is refused.
 std::string resolve_device(const std::string& device);
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads);
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads,
+                                      bool batch_invariant = false);
 
 // What a load will be, decided from configs and headers only (no weight read yet).
 class LoadPlan {

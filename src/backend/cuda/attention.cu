@@ -605,8 +605,10 @@ void run(const char* name, Kernel kernel, AttnArgs a, int chunk, size_t smem, co
   // double the call. Fewer slices also keep the final merge (one block reading every partial of its
   // head group) short. Each slice holds at least one chunk; the partials must fit the scratch, and
   // the merge counts finished slices in one counter per (token, head group).
+  // a.slices on entry: 1 = one slice per token (batch-invariant: a token's keys are then walked in one
+  // order whatever the call's size), 0 = as many as fill a wave.
   int64_t slices = 1;
-  if (size_t(base_blocks) <= ws.n_counters) {
+  if (a.slices == 0 && size_t(base_blocks) <= ws.n_counters) {
     slices = int64_t(wave) / base_blocks;
     slices = std::min<int64_t>(slices, (p.max_kv_len + chunk - 1) / chunk);
     slices = std::min<int64_t>(slices, kMaxSlices);
@@ -636,7 +638,7 @@ void run_split(const AttnArgs& a, const AttentionParams& p, const Scratch& ws, c
 
 }  // namespace
 
-void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s) {
+void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s, bool batch_invariant) {
   const int64_t ntok = p.q.rows;
   if (ntok == 0) return;
   if (p.cache.dtype != p.q.dtype || p.out.dtype != p.q.dtype)
@@ -653,7 +655,9 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
             "attention zero fill");
     return;
   }
-  if (launch_attention_prefill(p, s)) return;  // many query tokens per row, 16-bit: the tensor-core kernel
+  // Many query tokens per row, 16-bit: the tensor-core kernel (not batch-invariant: its roundings differ
+  // from the decode kernel's, so a prompt token would not match the same token decoded).
+  if (!batch_invariant && launch_attention_prefill(p, s)) return;
   const int groups = p.q_heads / p.kv_heads;
   const size_t es = dtype_size(p.q.dtype);
   auto aligned = [&](const void* ptr, int64_t stride) { return aligned16(ptr, stride, es); };
@@ -672,6 +676,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
   AttnArgs a{p.q.data, p.q.ld, p.out.data, p.out.ld, p.q_heads, p.kv_heads, p.head_dim, hpb, p.window,
              p.scale * kLog2e, p.meta.row, p.meta.slot, p.meta.kv_len, p.cache.k, p.cache.v, p.cache.batch_stride,
              p.cache.head_stride, p.cache.slot_stride, 1, 1, nullptr, nullptr, nullptr};
+  a.slices = batch_invariant ? 1 : 0;
   dispatch(p.q.dtype, "attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (fast) {

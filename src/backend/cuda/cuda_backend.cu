@@ -188,7 +188,8 @@ constexpr size_t kStagedMax = size_t(256) << 10;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(DType dtype, int device) : dtype_(dtype), device_(device) {
+  CudaBackend(DType dtype, int device, bool batch_invariant)
+      : dtype_(dtype), device_(device), invariant_(batch_invariant) {
     if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
       throw Error("cuda backend: activation dtype must be f32, f16 or bf16, got " + std::string(dtype_name(dtype)));
     int n = 0;
@@ -391,7 +392,9 @@ class CudaBackend final : public Backend {
                   std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]");
     if (x.rows == 0) return;
     auto _ = prof_.scope([&] { return "linear x " + shape(x) + " w " + shape(w); }, stream_->get());
-    if (launch_gemv(x, w, bias, y, stream_->get())) return;
+    // Batch-invariant: every row count takes the same cuBLASLt algorithm (the GEMV's reduction order
+    // differs from the GEMM's, so a token decoded alone would not match one decoded in a batch).
+    if (!invariant_ && launch_gemv(x, w, bias, y, stream_->get())) return;
     matmul(x, w, y);
     if (bias) launch_add_bias(y, bias, stream_->get());
   }
@@ -402,10 +405,10 @@ class CudaBackend final : public Backend {
   void attention(const AttentionParams& p) override {
     auto _ = prof_.scope([&] { return "attention T=" + std::to_string(p.q.rows) + " rows=" + std::to_string(p.rows) +
                                       " max_kv=" + std::to_string(p.max_kv_len); }, stream_->get());
-    launch_attention(p, attn_, stream_->get());
+    launch_attention(p, attn_, stream_->get(), invariant_);
   }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
-    if (x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows || out.rows != x.rows) return false;
+    if (invariant_ || x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows || out.rows != x.rows) return false;
     auto _ = prof_.scope([&] { return "linear_swiglu x " + shape(x) + " w " + shape(w); }, stream_->get());
     return launch_gemv_swiglu(x, w, out, stream_->get());
   }
@@ -439,7 +442,7 @@ class CudaBackend final : public Backend {
   }
   void gated_delta_rule(const GatedDeltaRuleParams& p) override {
     auto _ = prof_.scope([&] { return "gated_delta_rule T=" + std::to_string(p.q.rows); }, stream_->get());
-    launch_gated_delta_rule(p, stream_->get());
+    launch_gated_delta_rule(p, stream_->get(), invariant_);
   }
   void gated_rmsnorm(const GatedRmsNormParams& p) override {
     auto _ = prof_.scope([&] { return "gated_rmsnorm " + shape(p.x); }, stream_->get());
@@ -501,6 +504,17 @@ class CudaBackend final : public Backend {
     const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
                           CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+    if (invariant_) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      p->algo = invariant_algo(p->op, w);
+      cublasLtMatmulHeuristicResult_t chk{};
+      if (cublasLtMatmulAlgoCheck(lt_, p->op, p->a, p->b, p->c, p->c, &p->algo, &chk) != CUBLAS_STATUS_SUCCESS ||
+          chk.workspaceSize > kLtWorkspace)
+        throw Error("cublasLt: the batch-invariant algorithm of the " + std::to_string(w.rows) + " x " +
+                    std::to_string(w.cols) + " product does not take a call of " + std::to_string(y.rows) +
+                    " rows; run without --batch-invariant");
+      return p;
+    }
     cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
     int found = 0;
     const cublasStatus_t st =
@@ -513,6 +527,45 @@ class CudaBackend final : public Backend {
     p->algo = res[0].algo;
     if (y.rows >= kTuneRows) choose_algo(*p, res, found, x, w, y);
     return p;
+  }
+
+  // Batch-invariant products: one algorithm per weight shape for every row count, cuBLASLt's first
+  // heuristic choice for a fixed 128-row product (never timed: the same choice in every process), with
+  // split-K off, so each output element is one tile's K loop in one order whatever the call's rows.
+  cublasLtMatmulAlgo_t invariant_algo(cublasLtMatmulDesc_t op, const Mat& w) {
+    const auto key = std::make_tuple(w.rows, w.cols, w.ld);
+    if (auto it = invariant_algos_.find(key); it != invariant_algos_.end()) return it->second;
+    constexpr int64_t kRows = 128;
+    const cudaDataType_t t = lt_type(dtype_);
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatrixLayoutCreate(&a, t, uint64_t(w.cols), uint64_t(w.rows), w.ld), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&b, t, uint64_t(w.cols), uint64_t(kRows), w.cols), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&c, t, uint64_t(w.rows), uint64_t(kRows), w.rows), "layout C");
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    const uint64_t ws = kLtWorkspace;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    check_lt(st, "AlgoGetHeuristic");
+    if (found == 0)
+      throw Error("cublasLt: no batch-invariant algorithm for a " + std::to_string(w.rows) + " x " +
+                  std::to_string(w.cols) + " " + std::string(dtype_name(dtype_)) + " product");
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    check_lt(cublasLtMatmulAlgoConfigSetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one),
+             "ALGO_CONFIG_SPLITK_NUM");
+    check_lt(cublasLtMatmulAlgoConfigSetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none),
+             "ALGO_CONFIG_REDUCTION_SCHEME");
+    invariant_algos_.emplace(key, res.algo);
+    return res.algo;
   }
 
   // cuBLASLt's first heuristic choice is sometimes far from its best for large products (measured on
@@ -573,6 +626,8 @@ class CudaBackend final : public Backend {
 
   DType dtype_;
   int device_;
+  bool invariant_;  // batch-invariant kernels (make_cuda_backend)
+  std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> invariant_algos_;  // by w rows, cols, ld
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;
   cublasLtHandle_t lt_ = nullptr;
@@ -594,8 +649,8 @@ class CudaBackend final : public Backend {
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device) {
-  return std::make_unique<cuda::CudaBackend>(dtype, device);
+std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device, bool batch_invariant) {
+  return std::make_unique<cuda::CudaBackend>(dtype, device, batch_invariant);
 }
 
 bool cuda_available() {

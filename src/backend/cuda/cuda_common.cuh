@@ -117,7 +117,8 @@ struct Scratch {
   size_t n_counters = 0;
 };
 // `ws.n_floats` bounds how many key slices the split-KV kernels may use.
-void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s);
+// batch_invariant: no tensor-core prefill kernel and one slice per token (the split would follow the call's size).
+void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t s, bool batch_invariant = false);
 // The tensor-core prefill kernel (attention_prefill.cu); false, launching nothing, when the call does
 // not suit it (f32, few query tokens, head_dim other than 64/128, unaligned rows).
 bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
@@ -139,7 +140,8 @@ bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cuda
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
 // Linear attention (linear_attention.cu): causal conv1d + SiLU, the gated delta rule, the gated RMSNorm.
 void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s);
-void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s);
+// batch_invariant: the token-sequential kernel only (the chunked one rounds otherwise and takes long runs only).
+void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s, bool batch_invariant = false);
 void launch_gated_rmsnorm(const GatedRmsNormParams& p, cudaStream_t s);
 
 }  // namespace ingot::cuda

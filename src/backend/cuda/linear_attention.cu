@@ -741,7 +741,7 @@ void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s) {
   });
 }
 
-void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s) {
+void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s, bool batch_invariant) {
   const int HK = p.k_heads, HV = p.v_heads, DK = p.d_k, DV = p.d_v;
   if (HK <= 0 || HV <= 0 || HV % HK != 0 || DK <= 0 || DV <= 0)
     throw Error("cuda backend: gated_delta_rule: v_heads " + std::to_string(HV) +
@@ -755,7 +755,7 @@ void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s) {
   const int R = (DK + W - 1) / W;
   // Long runs (prefill) take the chunked kernel. A run of L tokens beside rows - 1 others needs
   // T >= L + rows - 1, so decode calls (one token per row) never launch it.
-  const int L = chunk_min_tokens();
+  const int L = batch_invariant ? 0 : chunk_min_tokens();
   const bool chunked = L > 0 && DK <= kChunkDk && T >= int64_t(L) + std::max(p.rows, 1) - 1;
   DeltaArgs a{p.q.data, p.q.ld, p.k.data, p.k.ld, p.v.data, p.v.ld, p.b.data, p.b.ld, p.a.data, p.a.ld,
               p.a_log, p.a_log_dtype, p.dt_bias, p.dt_bias_dtype, p.out.data, p.out.ld, p.state,
