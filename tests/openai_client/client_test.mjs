@@ -1,8 +1,8 @@
 // `ingot serve` as applications use it: the official `openai` npm package against the server running
 // the demo model (models/demo + the Llama 2 tokenizer, a test chat template). Chat (whole and
-// streamed, which must agree), stop strings, n = 2, completions, the model list, and errors (bad
-// parameter, unsupported logprobs, unknown model, wrong API key) seen as the SDK's error classes with
-// the field named. Run by ./run (registered in ctest); exits non-zero on the first failure.
+// streamed, which must agree), stop strings, n = 2, logprobs (whole and streamed), completions, the
+// model list, and errors (bad parameter, top_logprobs out of range or without logprobs, a logit bias the
+// sampler lacks, unknown model, wrong API key) seen as the SDK's error classes with the field named. Run by ./run (registered in ctest); exits non-zero on the first failure.
 import { spawn } from "node:child_process";
 import { cpSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -127,6 +127,30 @@ await check("n = 2 gives two choices", async () => {
   assert.equal(s.choices.length, 2);
 });
 
+await check("logprobs: the chosen tokens and their alternatives, whole and streamed", async () => {
+  const r = await client.chat.completions.create({ messages, max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  // The tokens spell the answer; an answer that ended at the end-of-sequence token has that token last.
+  const text = r.choices[0].message.content, joined = content.map((e) => e.token).join("");
+  const eos = r.choices[0].finish_reason === "stop" ? content[content.length - 1].token : "";
+  assert.ok(joined === text || joined === text + eos, JSON.stringify({ joined, text }));
+  for (const e of content) {
+    assert.ok(Number.isFinite(e.logprob) && e.logprob <= 0, JSON.stringify(e));
+    assert.ok(Array.isArray(e.bytes));
+    assert.equal(e.top_logprobs.length, 3);
+    // Greedy: the chosen token is the most likely one.
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6, JSON.stringify(e));
+    for (let k = 1; k < 3; ++k) assert.ok(e.top_logprobs[k].logprob <= e.top_logprobs[k - 1].logprob);
+  }
+  const stream = await client.chat.completions.create({
+    messages, max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3, stream: true,
+  });
+  const streamed = [];
+  for await (const chunk of stream) for (const c of chunk.choices) if (c.logprobs) streamed.push(...c.logprobs.content);
+  assert.deepEqual(streamed, content);
+});
+
 await check("completions with a text prompt, streamed and whole", async () => {
   const r = await client.completions.create({ model: dir.split("/").pop(), prompt: "Once upon a time,", max_tokens: 20, temperature: 0 });
   assert.equal(r.object, "text_completion");
@@ -140,8 +164,12 @@ await check("completions with a text prompt, streamed and whole", async () => {
 await check("errors arrive as the SDK's classes naming the field", async () => {
   await expectError(() => client.chat.completions.create({ messages, temperature: 5 }), 400, OpenAI.BadRequestError,
     "temperature", "[0, 2]");
-  await expectError(() => client.chat.completions.create({ messages, logprobs: true }), 400, OpenAI.BadRequestError,
-    "logprobs", "not supported");
+  await expectError(() => client.chat.completions.create({ messages, logprobs: true, top_logprobs: 21 }), 400,
+    OpenAI.BadRequestError, "top_logprobs", "[0, 20]");
+  await expectError(() => client.chat.completions.create({ messages, top_logprobs: 2 }), 400, OpenAI.BadRequestError,
+    "top_logprobs", "needs logprobs: true");
+  await expectError(() => client.chat.completions.create({ messages, logit_bias: { "5": 10 } }), 400,
+    OpenAI.BadRequestError, "logit_bias");
   await expectError(() => client.chat.completions.create({ messages, max_tokens: 5000 }), 400, OpenAI.BadRequestError,
     "max_tokens", "cache positions");
   await expectError(() => client.chat.completions.create({ model: "gpt-nope", messages }), 404, OpenAI.NotFoundError,
