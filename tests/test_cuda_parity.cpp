@@ -175,6 +175,35 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::ValuesIn(kFixtures));
 // write indices and some prefill while others decode.
 class CudaBatchInvariance : public CudaParity {};
 
+// Greedy, 24 new tokens.
+Request greedy_request(const std::vector<int32_t>& prompt) {
+  Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = 24;
+  return r;
+}
+
+// Every prompt alone, one after another, on a one-row model (a new Generator each: no prefix reuse).
+std::vector<std::vector<int32_t>> each_alone(Model& one_row, const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& p : prompts) out.push_back(Generator(one_row).generate(greedy_request(p)).ids);
+  return out;
+}
+
+// All prompts submitted at once to one Generator.
+std::vector<Completion> all_together(Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                     GeneratorOptions o = {}) {
+  Generator g(m, o);
+  std::vector<Completion> done(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r = greedy_request(prompts[i]);
+    r.on_done = [&done, i](const Completion& c) { done[i] = c; };
+    g.submit(std::move(r));
+  }
+  g.run();
+  return done;
+}
+
 TEST_P(CudaBatchInvariance, GreedyTokensAloneEqualInsideABatchOf8) {
   const std::string dir = fixture_dir(GetParam());
   Reference ref = load_reference(dir + "/reference.safetensors");
@@ -186,29 +215,15 @@ TEST_P(CudaBatchInvariance, GreedyTokensAloneEqualInsideABatchOf8) {
     const int64_t* ids = ref.input_ids.as<int64_t>() + n * ref.seq();
     prompts.emplace_back(ids, ids + len);
   }
-  auto request = [](const std::vector<int32_t>& p) {
-    Request r;
-    r.prompt = p;
-    r.max_new_tokens = 24;
-    return r;
-  };
   RuntimeOptions one;
   one.max_batch = 1;
   one.capacity = ref.seq() + 32;
   Model alone_model(engine, *be, one);
-  std::vector<std::vector<int32_t>> alone;
-  for (const auto& p : prompts) alone.push_back(Generator(alone_model).generate(request(p)).ids);
+  const std::vector<std::vector<int32_t>> alone = each_alone(alone_model, prompts);
   RuntimeOptions eight = one;
   eight.max_batch = 8;
   Model batch_model(engine, *be, eight);
-  Generator g(batch_model);
-  std::vector<Completion> done(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r = request(prompts[i]);
-    r.on_done = [&done, i](const Completion& c) { done[i] = c; };
-    g.submit(std::move(r));
-  }
-  g.run();
+  const std::vector<Completion> done = all_together(batch_model, prompts);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(done[i].ids, alone[i]) << GetParam() << " request " << i;
 }
 
@@ -233,32 +248,18 @@ TEST(CudaBatchInvariantMode, GreedyTokensAloneEqualInABatchWithChunkedPrefill) {
       for (int j = 0; j < 5 + 23 * i; ++j) p.push_back(int32_t(100 + (i * 7919 + j * 31) % 50000));
       prompts.push_back(std::move(p));
     }
-    auto request = [](const std::vector<int32_t>& p) {
-      Request r;
-      r.prompt = p;
-      r.max_new_tokens = 24;
-      return r;
-    };
     RuntimeOptions one;
     one.max_batch = 1;
     one.capacity = 256;
     std::vector<std::vector<int32_t>> alone;
     {
       Loaded a = load(ls, one);
-      Generator g(*a.model);
-      for (const auto& p : prompts) alone.push_back(g.generate(request(p)).ids);
+      alone = each_alone(*a.model, prompts);
     }
     RuntimeOptions eight = one;
     eight.max_batch = 8;
     Loaded b = load(ls, eight);
-    Generator g(*b.model, GeneratorOptions{7});
-    std::vector<Completion> done(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      Request r = request(prompts[i]);
-      r.on_done = [&done, i](const Completion& c) { done[i] = c; };
-      g.submit(std::move(r));
-    }
-    g.run();
+    const std::vector<Completion> done = all_together(*b.model, prompts, GeneratorOptions{7});
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_EQ(done[i].ids.size(), 24u) << shape << " request " << i << ": " << done[i].error;
       EXPECT_EQ(done[i].ids, alone[i]) << shape << " request " << i;
