@@ -228,6 +228,10 @@ int64_t Model::vocab_size() const { return impl_->loaded.model->spec().vocab; }
 int64_t Model::capacity() const { return impl_->loaded.model->state().capacity(); }
 std::string Model::device() const { return impl_->loaded.device; }
 double Model::load_seconds() const { return impl_->load_s; }
-void Model::reset() { impl_->gen->forget_all(); }
+void Model::reset() {
+  impl_->gen->forget_all();
+  impl_->held.clear();  // the next chat renders its messages afresh
+  impl_->last_messages = nullptr;
+}
 
 }  // namespace ingot::api
