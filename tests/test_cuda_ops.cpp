@@ -522,6 +522,21 @@ TEST_P(CudaOps, SampleMatchesCpu) {
             << "vocab " << V << " call " << call << " row " << r << " (kind " << r % 8 << ", "
             << describe(params[size_t(state_of[size_t(r)])]) << ")";
     }
+    // One row per call, as batch-1 decode launches it (on Hopper the row's blocks are a whole cluster).
+    for (int64_t r = 0; r < R; ++r) {
+      SampleState g1 = gs, c1 = cs;
+      g1.row += r;
+      c1.row += r;
+      Mat g_one = glg, c_one = clg;
+      g_one.data = static_cast<uint8_t*>(glg.data) + size_t(r * glg.ld) * dtype_size(glg.dtype);
+      c_one.data = static_cast<float*>(clg.data) + r * clg.ld;
+      g_one.rows = c_one.rows = 1;
+      gpu_be_->sample(g_one, g1, gout + r);
+      cpu_be_->sample(c_one, c1, cout.data() + r);
+      EXPECT_EQ(g.get_i32(gout + r, 1)[0], cout[size_t(r)])
+          << "vocab " << V << " row " << r << " alone (kind " << r % 8 << ", "
+          << describe(params[size_t(state_of[size_t(r)])]) << ")";
+    }
     std::vector<uint32_t> gstep(step.size());
     std::vector<uint8_t> gseen(seen.size());
     gpu_be_->download(gstep.data(), gs.step, gstep.size() * 4);

@@ -1,9 +1,17 @@
-// The sample op on the GPU: one block per logits row, no sort. Every step of backend/sampling.h is a
-// pass over the row's logits (scores are recomputed from them each pass, so no scratch is needed):
-// the top candidate is a block max of the 64-bit candidate keys; top-k, top-p and the draw are radix
-// selections over those keys (histograms of 11-bit digits from the top, counting candidates or summing
-// their fixed-point weights); totals are block sums. Sums are integers, so the order in which threads
-// add them cannot change them, and the pick equals the CPU reference's bit for bit.
+// The sample op on the GPU, no sort. Every step of backend/sampling.h is a pass over the row's logits
+// (scores are recomputed from them each pass, so no scratch is needed): the top candidate is a max of
+// the 64-bit candidate keys; top-k, top-p and the draw are radix selections over those keys
+// (histograms of 10-bit digits from the top, counting candidates or summing their fixed-point
+// weights); totals are sums. Sums are integers, so the order in which threads add them cannot change
+// them, and the pick equals the CPU reference's bit for bit.
+//
+// A row is shared by the blocks of one thread block cluster (Hopper; up to 16 blocks, each a slice of
+// the vocabulary): the passes are compute-bound (a score, a key and a weight per logit), and one block
+// on one SM took ~1 ms over a 152k vocabulary. The blocks merge their partial sums and histograms
+// through distributed shared memory and all reach the same decisions; rank 0 writes the results. On
+// GPUs without clusters a row is one block, as before.
+#include <cooperative_groups.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -16,9 +24,10 @@ namespace sp = ingot::sampling;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDigitBits = 11;
+constexpr int kDigitBits = 10;  // two histograms (a block's and the merged one) fit static shared memory
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
+constexpr int kMaxRanks = 16;  // blocks per row (the largest cluster Hopper allows, non-portable)
 
 struct SampleArgs {
   const void* logits;
@@ -29,12 +38,49 @@ struct SampleArgs {
 };
 
 struct Shared {
-  unsigned long long weight[kBins];  // per digit: summed fixed-point weight (weighted selections)
-  unsigned int count[kBins];         // per digit: candidates (counted selections) or those of nonzero weight
-  unsigned long long red[kWarps];    // block reductions
+  unsigned long long weight[kBins];  // per digit: this block's summed fixed-point weight (weighted selections)
+  unsigned int count[kBins];         // per digit: its candidates (counted selections) or those of nonzero weight
+  unsigned long long merged_weight[kBins];  // the same over the row's blocks
+  unsigned int merged_count[kBins];
+  unsigned long long red[kWarps];  // block reductions
+  unsigned long long part;         // this block's share of a row reduction, read by the others
   unsigned long long pick_rest, pick_above;
   int pick_digit;
   int found;
+};
+
+// The blocks sharing a row: a cluster on Hopper, or the block alone.
+struct Ranks {
+  int n, rank;
+  __device__ static Ranks here() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const cooperative_groups::cluster_group c = cooperative_groups::this_cluster();
+    return {int(c.num_blocks()), int(c.block_rank())};
+#else
+    return {1, 0};
+#endif
+  }
+  // Every thread of every block of the row (a block barrier too).
+  __device__ void sync() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (n > 1) {
+      cooperative_groups::this_cluster().sync();
+      return;
+    }
+#endif
+    __syncthreads();
+  }
+  // The same shared variable in block r of the row.
+  template <typename V>
+  __device__ V* at(V* p, int r) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (n > 1) return cooperative_groups::this_cluster().map_shared_rank(p, r);
+#endif
+    (void)r;
+    return p;
+  }
+  __device__ uint32_t first(uint32_t tid) const { return uint32_t(rank) * kThreads + tid; }
+  __device__ uint32_t stride() const { return uint32_t(n) * kThreads; }
 };
 
 // One row as every pass sees it.
@@ -46,6 +92,7 @@ struct Row {
   float penalty, frequency, presence, inv_temp;
   float top;  // score of the top candidate
   uint32_t vocab;
+  Ranks ranks;
 
   __device__ __forceinline__ float score_at(uint32_t j) const {
     return sp::score(to_f(logits[j]), seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0,
@@ -81,6 +128,33 @@ __device__ __forceinline__ unsigned long long block_max(unsigned long long v, Sh
   return sh.red[0];
 }
 
+// A row-wide reduction of one value per block (op: sum or max), the same result in every block.
+template <bool kMax>
+__device__ unsigned long long across(const Ranks& rk, unsigned long long block_value, Shared& sh) {
+  if (rk.n == 1) return block_value;
+  if (threadIdx.x == 0) sh.part = block_value;
+  rk.sync();
+  if (threadIdx.x < 32) {
+    unsigned long long v = threadIdx.x < unsigned(rk.n) ? *rk.at(&sh.part, int(threadIdx.x)) : 0ull;
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long u = __shfl_xor_sync(0xffffffffu, v, o);
+      v = kMax ? max(v, u) : v + u;
+    }
+    if (threadIdx.x == 0) sh.red[0] = v;
+  }
+  rk.sync();  // every block has read every part (and sh.red[0] is written) before any is reused
+  return sh.red[0];
+}
+
+template <typename T>
+__device__ unsigned long long row_sum(const Row<T>& row, unsigned long long v, Shared& sh) {
+  return across<false>(row.ranks, block_sum(v, sh), sh);
+}
+template <typename T>
+__device__ unsigned long long row_max(const Row<T>& row, unsigned long long v, Shared& sh) {
+  return across<true>(row.ranks, block_max(v, sh), sh);
+}
+
 struct Selected {
   uint64_t bound;  // the candidates >= max(lo, bound) are the selected prefix
   uint64_t mass;   // their summed weight (weighted selections)
@@ -110,7 +184,7 @@ __device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool
     int run = -1;
     unsigned long long run_weight = 0;
     unsigned int run_count = 0;
-    for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+    for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
       const float s = row.score_at(j);
       const uint64_t c = sp::composite(sp::order_key(s), j);
       if (c < lo || (top_bit < 64 && (c >> top_bit) != (prefix >> top_bit))) continue;
@@ -136,11 +210,24 @@ __device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool
       atomicAdd(&sh.weight[run], run_weight);
       atomicAdd(&sh.count[run], run_count);
     }
-    __syncthreads();
-    // Warp 0 walks the digits from the highest: lane L holds digits kBins-1-L*64 down to kBins-64-L*64.
+    // The row's histogram: every block sums all blocks' bins (the same sums in every block).
+    const Ranks& rk = row.ranks;
+    rk.sync();
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      unsigned long long w = 0;
+      unsigned int n = 0;
+      for (int r = 0; r < rk.n; ++r) {
+        w += rk.at(sh.weight, r)[b];
+        n += rk.at(sh.count, r)[b];
+      }
+      sh.merged_weight[b] = w;
+      sh.merged_count[b] = n;
+    }
+    rk.sync();  // no block clears its bins for the next digit while another still reads them
+    // Warp 0 walks the digits from the highest: lane L holds kBinsPerLane digits from kBins-1-L*kBinsPerLane down.
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
-      auto value = [&](int d) -> uint64_t { return weighted ? sh.weight[d] : sh.count[d]; };
+      auto value = [&](int d) -> uint64_t { return weighted ? sh.merged_weight[d] : sh.merged_count[d]; };
       uint64_t sum = 0;
       for (int i = 0; i < kBinsPerLane; ++i) sum += value(kBins - 1 - lane * kBinsPerLane - i);
       uint64_t incl = sum;
@@ -164,8 +251,8 @@ __device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool
     const int d = sh.pick_digit;
     if (d < 0) return {lo, 0, 64};
     const uint64_t rest = sh.pick_rest;
-    const uint64_t bucket_weight = sh.weight[d];
-    const unsigned int bucket_count = sh.count[d];
+    const uint64_t bucket_weight = sh.merged_weight[d];
+    const unsigned int bucket_count = sh.merged_count[d];
     __syncthreads();  // every thread has read the bins before the next level clears them
     above += target - rest;
     target = rest;
@@ -183,14 +270,15 @@ __device__ int32_t selected_token(const Row<T>& row, uint64_t lo, const Selected
   if (sel.shift == 0) return sp::composite_id(sel.bound);
   if (threadIdx.x == 0) sh.found = -1;
   __syncthreads();
-  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+  for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
     const float s = row.score_at(j);
     const uint64_t c = sp::composite(sp::order_key(s), j);
     if (c >= lo && (c >> sel.shift) == (sel.bound >> sel.shift) && sp::fixed(sp::weight(s, row.top)) != 0)
       sh.found = int(j);
   }
   __syncthreads();
-  return sh.found;
+  // One block found it; the others hold -1 (stored + 1 so the max over blocks is it).
+  return int32_t(across<true>(row.ranks, (unsigned long long)(sh.found + 1), sh)) - 1;
 }
 
 // Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`.
@@ -201,7 +289,7 @@ __device__ int32_t draw(const Row<T>& row, const SampleParams& p, uint32_t step,
 
   // The top-k set's total weight, and the min-p cut: the highest candidate after the top below min_p.
   unsigned long long total = 0, cut = 0;
-  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+  for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
     const float s = row.score_at(j);
     const uint64_t c = sp::composite(sp::order_key(s), j);
     if (c < lo) continue;
@@ -209,18 +297,18 @@ __device__ int32_t draw(const Row<T>& row, const SampleParams& p, uint32_t step,
     total += sp::fixed(w);
     if (p.min_p > 0.0f && c != best && w < p.min_p) cut = max(cut, (unsigned long long)c);
   }
-  total = block_sum(total, sh);
+  total = row_sum(row, total, sh);
   uint64_t mass = total;
   if (p.min_p > 0.0f) {
-    cut = block_max(cut, sh);
+    cut = row_max(row, cut, sh);
     if (cut != 0) {
       lo = max(lo, uint64_t(cut) + 1);
       unsigned long long kept = 0;
-      for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+      for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
         const float s = row.score_at(j);
         if (sp::composite(sp::order_key(s), j) >= lo) kept += sp::fixed(sp::weight(s, row.top));
       }
-      mass = block_sum(kept, sh);
+      mass = row_sum(row, kept, sh);
     }
   }
   if (p.top_p < 1.0f) {
@@ -245,7 +333,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   pdl_wait();
   pdl_trigger();
   __shared__ Shared sh;
-  const int r = blockIdx.x;
+  const Ranks rk = Ranks::here();
+  const int r = int(blockIdx.x) / rk.n;
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
@@ -261,10 +350,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   row.inv_temp = sp::inverse_temperature(p.temperature);
   row.vocab = a.vocab;
   row.top = 0.0f;
+  row.ranks = rk;
 
   unsigned long long best = 0;
   bool poisoned = false, any_finite = false;
-  for (uint32_t j = threadIdx.x; j < row.vocab; j += kThreads) {
+  for (uint32_t j = rk.first(threadIdx.x); j < row.vocab; j += rk.stride()) {
     const float l = to_f(row.logits[j]);
     poisoned |= sp::poisons_row(l);
     any_finite |= sp::is_finite(l);
@@ -272,28 +362,71 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
   // A row with a NaN or +inf logit, or none finite, has no pick (backend/sampling.h); the counter
   // still advances.
-  const int row_poisoned = __syncthreads_or(poisoned);
-  const int row_finite = __syncthreads_or(any_finite);
+  const bool row_poisoned = across<true>(rk, __syncthreads_or(poisoned) ? 1ull : 0ull, sh) != 0;
+  const bool row_finite = across<true>(rk, __syncthreads_or(any_finite) ? 1ull : 0ull, sh) != 0;
   if (row_poisoned || !row_finite) {
-    if (threadIdx.x == 0) {
+    if (rk.rank == 0 && threadIdx.x == 0) {
       a.out[r] = sp::kNoToken;
       a.st.step[sr] = step + 1;
     }
     return;
   }
-  best = block_max(best, sh);
+  best = row_max(row, best, sh);
   int32_t pick = sp::composite_id(best);
   if (p.temperature > 0.0f) {
     row.top = row.score_at(uint32_t(pick));
     pick = draw(row, p, step, best, sh);
   }
-  // Every thread is past its last read of seen and counts (each pass ends in a barrier).
-  if (threadIdx.x == 0) {
+  // Every thread of every block is past its last read of seen and counts (each pass ends in a
+  // row-wide barrier).
+  if (rk.rank == 0 && threadIdx.x == 0) {
     a.out[r] = pick;
     if (seen) seen[pick] = 1;
     if (counts) ++counts[pick];
     a.st.step[sr] = step + 1;
   }
+}
+
+// The most blocks a row may share on this process's GPUs (assumed alike): 1 before Hopper; else the
+// largest cluster of kMaxRanks, 8, 4 or 2 blocks the kernel can be resident with.
+template <typename T>
+int max_ranks() {
+  static const int v = [] {
+    int dev = 0, major = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    if (major < 9) return 1;
+    check(cudaFuncSetAttribute(sample_kernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+          "sample_kernel cluster size");
+    for (int c = kMaxRanks; c > 1; c /= 2) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(c));
+      cfg.blockDim = dim3(kThreads);
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = unsigned(c);
+      at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel<T>, &cfg) == cudaSuccess && n > 0) return c;
+      cudaGetLastError();  // a size the device refuses: try the next
+    }
+    return 1;
+  }();
+  return v;
+}
+
+// Blocks per row: as many as fill about two waves of the GPU's SMs, a power of two up to max_ranks
+// (a batch of rows already spreads over the SMs; a single row takes a whole cluster).
+template <typename T>
+int ranks_for(int64_t rows) {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  int c = max_ranks<T>();
+  while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
+  return c;
 }
 
 }  // namespace
@@ -308,7 +441,28 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
   SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), st, out};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    launch("sample_kernel", sample_kernel<T>, dim3(unsigned(logits.rows)), dim3(kThreads), 0, s, a);
+    const int ranks = ranks_for<T>(logits.rows);
+    if (int64_t(ranks) * logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(int64_t(ranks) * logits.rows));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute at[2];
+    int n = 0;
+    if (ranks > 1) {  // the row's blocks form one cluster
+      at[n].id = cudaLaunchAttributeClusterDimension;
+      at[n].val.clusterDim.x = unsigned(ranks);
+      at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (pdl_enabled()) {
+      at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = unsigned(n);
+    check(cudaLaunchKernelEx(&cfg, sample_kernel<T>, a), "sample_kernel");
   });
 }
 
