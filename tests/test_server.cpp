@@ -728,8 +728,17 @@ TEST(Server, ConcurrentRequestsGiveWhatEachGivesAlone) {
 // Soak (issue 11): 16 clients x 50 requests of every kind (whole and streamed, n = 1 and 2, greedy and
 // sampled, refused ones) with about a sixth of the streams dropped midway: every answer is the text
 // the same request gives when it runs alone (choice i samples from seed + i, so it is the n = 1 answer
-// of that seed), nothing fails inside the server, and at the end no slot is busy and nothing waits.
+// of that seed), nothing fails inside the server, at the end no slot is busy and nothing waits, and
+// the second half of the requests leaves the resident memory flat (within 16 MiB of the first half's).
 // About 18 s on a 2-core CPU (CPU build).
+// This process's resident memory (VmRSS in /proc/self/status), KiB.
+long resident_kib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return 0;
+}
+
 TEST(Server, SoakWithRandomCancellations) {
   NEED_TOKENIZER();
   Running r;
@@ -759,52 +768,68 @@ TEST(Server, SoakWithRandomCancellations) {
     std::lock_guard<std::mutex> l(mu);
     if (first_difference.empty()) first_difference = "[" + got + "] vs alone [" + alone[{len, t, seed}] + "]";
   };
-  std::vector<std::thread> clients;
-  for (int c = 0; c < kClients; ++c)
-    clients.emplace_back([&, c] {
-      std::mt19937 rng(1234u + unsigned(c));
-      for (int i = 0; i < kRequests; ++i) {
-        const int len = lengths[rng() % lengths.size()];
-        const double t = temperatures[rng() % 2];
-        const int seed = int(rng() % kSeeds);
-        json body = body_of(len, t, seed);
-        switch (rng() % 6) {
-          case 0:
-            body["stream"] = true;
-            stream_then_leave(r, body, 1 + int(rng() % 5));
-            ++dropped;
-            continue;
-          case 1:
-            body["temperature"] = 3;
-            if (post(r, "/v1/completions", body).status != 400) ++unexpected;
-            continue;
-          case 2: {
-            body["stream"] = true;
-            const int n = 1 + int(rng() % 2);
-            body["n"] = n;
-            Streamed s = post_stream(r, "/v1/completions", body);
-            if (s.status != 200 || !s.done) {
-              ++unexpected;
+  // Two rounds of half the requests each: the first sets the allocators' high-water mark, the second
+  // must not grow the resident memory much (nothing kept per request).
+  std::vector<std::mt19937> rngs;
+  for (int c = 0; c < kClients; ++c) rngs.emplace_back(1234u + unsigned(c));
+  auto round = [&](int requests) {
+    std::vector<std::thread> clients;
+    for (int c = 0; c < kClients; ++c)
+      clients.emplace_back([&, c] {
+        std::mt19937& rng = rngs[size_t(c)];
+        for (int i = 0; i < requests; ++i) {
+          const int len = lengths[rng() % lengths.size()];
+          const double t = temperatures[rng() % 2];
+          const int seed = int(rng() % kSeeds);
+          json body = body_of(len, t, seed);
+          switch (rng() % 6) {
+            case 0:
+              body["stream"] = true;
+              stream_then_leave(r, body, 1 + int(rng() % 5));
+              ++dropped;
+              continue;
+            case 1:
+              body["temperature"] = 3;
+              if (post(r, "/v1/completions", body).status != 400) ++unexpected;
+              continue;
+            case 2: {
+              body["stream"] = true;
+              const int n = 1 + int(rng() % 2);
+              body["n"] = n;
+              Streamed s = post_stream(r, "/v1/completions", body);
+              if (s.status != 200 || !s.done) {
+                ++unexpected;
+                continue;
+              }
+              for (int k = 0; k < n; ++k) check(streamed_text(s, k), len, t, seed + k);
+              ++answered;
               continue;
             }
-            for (int k = 0; k < n; ++k) check(streamed_text(s, k), len, t, seed + k);
-            ++answered;
+            case 3:
+              body["n"] = 2;
+              break;
+            default:
+              break;
+          }
+          Answer a = post(r, "/v1/completions", body);
+          const int n = body.value("n", 1);
+          if (a.status != 200 || a.body["choices"].size() != size_t(n)) {
+            ++unexpected;
             continue;
           }
-          case 3: body["n"] = 2; break;
-          default: break;
+          for (const json& ch : a.body["choices"])
+            check(ch["text"].get<std::string>(), len, t, seed + ch["index"].get<int>());
+          ++answered;
         }
-        Answer a = post(r, "/v1/completions", body);
-        const int n = body.value("n", 1);
-        if (a.status != 200 || a.body["choices"].size() != size_t(n)) {
-          ++unexpected;
-          continue;
-        }
-        for (const json& ch : a.body["choices"]) check(ch["text"].get<std::string>(), len, t, seed + ch["index"].get<int>());
-        ++answered;
-      }
-    });
-  for (auto& t : clients) t.join();
+      });
+    for (auto& t : clients) t.join();
+  };
+  round(kRequests / 2);
+  const long rss_first = resident_kib();
+  round(kRequests - kRequests / 2);
+  const long rss_second = resident_kib();
+  EXPECT_LE(rss_second - rss_first, 16 * 1024) << "resident memory grew from " << rss_first << " KiB to " << rss_second
+                                              << " KiB over the second half of the soak";
   EXPECT_EQ(unexpected.load(), 0);
   EXPECT_EQ(differ.load(), 0) << first_difference;
   EXPECT_GT(answered.load(), kClients * kRequests * 2 / 5);
