@@ -519,6 +519,21 @@ TEST(EngineDevice, AGpuWithoutTheNeededCapabilityIsRefused) {
   test::expect_error([&] { inspect_engine(d.file("low.ingot")); }, {"cuda_min_capability", "below the 8.0"});
 }
 
+// Bounds that name no capacity store the one default every run and `ingot build` use:
+// min(4096, max_position_embeddings), not the whole position range.
+TEST(EngineSave, ACapacityOfZeroStoresTheDefaultCapacity) {
+  test::TempDir d;
+  Engine e = build_engine(test::fixture("qwen3"));
+  for (int64_t max_pos : {int64_t(64), int64_t(32768)}) {
+    e.spec.max_position = max_pos;
+    EngineBuildInfo info;
+    info.bounds = bounds(1, 0);
+    const std::string path = d.file("cap" + std::to_string(max_pos) + ".ingot");
+    save_engine(e, info, path);
+    EXPECT_EQ(inspect_engine(path).bounds.capacity, std::min<int64_t>(max_pos, 4096)) << max_pos;
+  }
+}
+
 TEST(EngineSave, RefusesEnginesThatDoNotMatchTheirSpecAndBadBounds) {
   test::TempDir d;
   Engine e = build_engine(test::fixture("qwen3"));

@@ -22,6 +22,7 @@
 #include "core/mapped_file.h"
 #include "io/safetensors.h"
 #include "models/family.h"
+#include "models/state_layout.h"
 
 #ifndef INGOT_GIT_REVISION
 #define INGOT_GIT_REVISION "unknown"
@@ -387,7 +388,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   if (!parse_weight_dtype(std::string(dtype_name(eng.weight_dtype)), wdt))
     throw Error(where + "weight dtype " + std::string(dtype_name(eng.weight_dtype)) + " cannot be stored in an engine");
   CacheBounds bounds = info.bounds;
-  if (!bounds.capacity) bounds.capacity = s.max_position;  // `ingot build` passes its own default
+  if (!bounds.capacity) bounds.capacity = default_capacity(s);  // the rule of `ingot build` and of runs
   check_bounds(where, bounds.max_batch, bounds.capacity);
   if (info.tp_world_size < 1 || info.tp_rank < 0 || info.tp_rank >= info.tp_world_size)
     throw Error(where + "tensor-parallel rank " + std::to_string(info.tp_rank) + " of world size " +
