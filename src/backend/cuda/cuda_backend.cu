@@ -408,7 +408,9 @@ class CudaBackend final : public Backend {
     launch_attention(p, attn_, stream_->get(), invariant_);
   }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
-    if (invariant_ || x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows || out.rows != x.rows) return false;
+    if (invariant_ || x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows ||
+        out.rows != x.rows)
+      return false;
     auto _ = prof_.scope([&] { return "linear_swiglu x " + shape(x) + " w " + shape(w); }, stream_->get());
     return launch_gemv_swiglu(x, w, out, stream_->get());
   }
