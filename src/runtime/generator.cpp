@@ -56,6 +56,15 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return n;
 }
 
+// A token's log-probability and the first `want` of its alternatives (ids < 0: fewer exist).
+TokenLogprob token_logprob(float chosen, const int32_t* ids, const float* vals, int want) {
+  TokenLogprob lp;
+  lp.logprob = chosen;
+  for (int k = 0; k < want; ++k)
+    if (ids[k] >= 0) lp.top.emplace_back(ids[k], vals[k]);
+  return lp;
+}
+
 }  // namespace
 
 std::string position_limit_warning(int64_t max_position, int64_t prompt_len, int64_t max_new_tokens) {
@@ -324,13 +333,9 @@ void Generator::decode_rows() {
       sl.cached.push_back(tokens[from + i]);
       TokenLogprob lp;
       const int want = sl.req->req.logprobs;
-      if (want >= 0) {
-        lp.logprob = lps.chosen[i];
-        for (int k = 0; k < want; ++k) {
-          const int32_t id = lps.top_ids[i * size_t(top_n) + size_t(k)];
-          if (id >= 0) lp.top.emplace_back(id, lps.top[i * size_t(top_n) + size_t(k)]);
-        }
-      }
+      if (want >= 0)
+        lp = token_logprob(lps.chosen[i], lps.top_ids.data() + i * size_t(top_n), lps.top.data() + i * size_t(top_n),
+                           want);
       accept(*sl.req, next[i], want >= 0 ? &lp : nullptr);
     }
   }
@@ -391,10 +396,9 @@ void Generator::prefill_rows() {
     if (a.req.logprobs >= 0 && tok != sampling::kNoToken) {
       // The host reference of the logprobs op: these logits are on the host already.
       int32_t ids[sampling::kMaxTopLogprobs];
-      float vals[sampling::kMaxTopLogprobs];
-      sampling::logprobs_row(row_logits, V, tok, a.req.logprobs, &lp.logprob, ids, vals);
-      for (int k = 0; k < a.req.logprobs; ++k)
-        if (ids[k] >= 0) lp.top.emplace_back(ids[k], vals[k]);
+      float vals[sampling::kMaxTopLogprobs], chosen = 0.0f;
+      sampling::logprobs_row(row_logits, V, tok, a.req.logprobs, &chosen, ids, vals);
+      lp = token_logprob(chosen, ids, vals, a.req.logprobs);
     }
     accept(a, tok, a.req.logprobs >= 0 ? &lp : nullptr);
   }
