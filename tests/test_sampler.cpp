@@ -309,15 +309,25 @@ TEST(CpuSampleOp, StateRowsSeenMarksAndDrawCounters) {
   EXPECT_GE(marked, 3);
 }
 
-// Two rows decode for several steps: row 0 samples with every filter and the penalty, row 1 takes the
-// argmax. The same steps through forward() with a host Sampler give the same tokens.
-TEST(ModelDecode, SamplesLikeAHostSamplerOverForward) {
-  Engine eng = build_engine(test::fixture("qwen3_swa"));
-  auto be_a = make_cpu_backend(2), be_b = make_cpu_backend(2);
+// One engine as two two-row models on separate CPU backends: `dev` decodes on the backend, `host`
+// gives forward() logits for a host Sampler to pick from.
+RuntimeOptions two_rows() {
   RuntimeOptions rt;
   rt.max_batch = 2;
   rt.capacity = 40;
-  Model dev(eng, *be_a, rt), host(eng, *be_b, rt);
+  return rt;
+}
+struct DevAndHost {
+  Engine eng = build_engine(test::fixture("qwen3_swa"));
+  std::unique_ptr<Backend> be_a = make_cpu_backend(2), be_b = make_cpu_backend(2);
+  Model dev{eng, *be_a, two_rows()}, host{eng, *be_b, two_rows()};
+};
+
+// Two rows decode for several steps: row 0 samples with every filter and the penalty, row 1 takes the
+// argmax. The same steps through forward() with a host Sampler give the same tokens.
+TEST(ModelDecode, SamplesLikeAHostSamplerOverForward) {
+  DevAndHost f;
+  Model &dev = f.dev, &host = f.host;
   const int64_t V = dev.spec().vocab;
   SamplingParams sp;
   sp.temperature = 1.3f;
@@ -508,12 +518,8 @@ TEST(Logprobs, ReferenceRow) {
 // generated tokens) picks what a host Sampler picks over forward()'s logits; decode_logprobs gives
 // the reference log-probabilities of those logits.
 TEST(ModelDecode, PenaltiesAndLogprobsMatchTheHost) {
-  Engine eng = build_engine(test::fixture("qwen3_swa"));
-  auto be_a = make_cpu_backend(2), be_b = make_cpu_backend(2);
-  RuntimeOptions rt;
-  rt.max_batch = 2;
-  rt.capacity = 40;
-  Model dev(eng, *be_a, rt), host(eng, *be_b, rt);
+  DevAndHost f;
+  Model &dev = f.dev, &host = f.host;
   const int64_t V = dev.spec().vocab;
   SamplingParams sp;  // greedy with penalties: the argmax after them
   sp.frequency_penalty = 1.5f;
