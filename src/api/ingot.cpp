@@ -75,7 +75,8 @@ struct Model::Impl {
   // turn's, so only the new turn is prefilled. Only for the same conversation continued by exactly
   // the reply it got and one new message; nullopt otherwise (the rendered ids are used as they are).
   std::optional<std::vector<int32_t>> continuation(const ChatFormat& format, const nlohmann::ordered_json& msgs,
-                                                   const ChatOptions& opts, const std::vector<int32_t>& rendered) {
+                                                   const ChatOptions& opts, const std::string& text,
+                                                   const std::vector<int32_t>& rendered) {
     if (loaded.model->state().rewindable() || held.empty() || !last_messages.is_array()) return std::nullopt;
     if (rendered.size() >= held.size() && std::equal(held.begin(), held.end(), rendered.begin()))
       return std::nullopt;  // the rendering extends what the row holds: nothing to work around
@@ -87,7 +88,7 @@ struct Model::Impl {
       return std::nullopt;
     std::vector<std::string> ends;
     for (int32_t e : eos_ids) ends.push_back(tk().decode(std::vector<int32_t>{e}, false));
-    auto next = format.next_turn(tk(), msgs, opts, ends);
+    auto next = format.next_turn(tk(), msgs, opts, ends, text);
     if (!next) return std::nullopt;
     // A reply cut by a length limit does not end with the end-of-turn marker: the template adds it.
     const std::vector<int32_t> marker = tk().encode(next->marker, false);
@@ -186,8 +187,9 @@ Result Model::chat(const std::vector<Message>& messages, const GenerateConfig& c
   const ChatFormat& format = impl_->chat_format();
   const nlohmann::ordered_json msgs = to_json(messages);
   const ChatOptions opts = chat_options(chat);
-  std::vector<int32_t> ids = format.ids(impl_->tk(), msgs, opts);
-  if (auto next = impl_->continuation(format, msgs, opts, ids)) ids = std::move(*next);
+  const std::string text = format.render(impl_->tk(), msgs, opts);
+  std::vector<int32_t> ids = impl_->tk().encode(text, false);
+  if (auto next = impl_->continuation(format, msgs, opts, text, ids)) ids = std::move(*next);
   impl_->last_messages = nullptr;
   Result r = impl_->run(ids, c, on_token);
   impl_->last_messages = msgs;

@@ -61,7 +61,8 @@ std::string ChatFormat::render(const tok::Tokenizer& tokenizer, const nlohmann::
 
 std::optional<ChatFormat::NextTurn> ChatFormat::next_turn(const tok::Tokenizer& tokenizer,
                                                           const nlohmann::ordered_json& messages, const ChatOptions& o,
-                                                          const std::vector<std::string>& turn_ends) const {
+                                                          const std::vector<std::string>& turn_ends,
+                                                          const std::string& rendered) const {
   if (!messages.is_array() || messages.size() < 2 || !messages.back().is_object()) return std::nullopt;
   // Control characters no tokenizer vocabulary or template filter is likely to touch.
   static constexpr std::string_view kSentinel = "\x01ingot:next-turn\x02";
@@ -81,10 +82,9 @@ std::optional<ChatFormat::NextTurn> ChatFormat::next_turn(const tok::Tokenizer& 
     }
   }
   if (start == std::string::npos) return std::nullopt;
-  const std::string real = render(tokenizer, messages, o);
   // The two renderings differ only from the last message's content on.
-  if (real.size() < start || real.compare(0, start, marked, 0, start) != 0) return std::nullopt;
-  return NextTurn{marker, real.substr(start)};
+  if (rendered.size() < start || rendered.compare(0, start, marked, 0, start) != 0) return std::nullopt;
+  return NextTurn{marker, rendered.substr(start)};
 }
 
 std::string render_chat(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages, const ChatOptions& o) {

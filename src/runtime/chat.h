@@ -51,12 +51,14 @@ class ChatFormat {
   // Found by rendering the last message with a sentinel as its content: the suffix starts after the
   // last of `turn_ends` (the end-of-turn token texts) before the sentinel. `marker` is that end-of-turn
   // text (the caller adds it when the held tokens do not end with it: a reply cut by a length limit).
+  // `rendered` is render(tokenizer, messages, o), which the caller has already.
   // nullopt when there are fewer than two messages or the rendering shows no such marker.
   struct NextTurn {
     std::string marker, text;
   };
   std::optional<NextTurn> next_turn(const tok::Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
-                                    const ChatOptions& o, const std::vector<std::string>& turn_ends) const;
+                                    const ChatOptions& o, const std::vector<std::string>& turn_ends,
+                                    const std::string& rendered) const;
 
  private:
   ChatFormat(std::shared_ptr<const tmpl::ChatTemplate> t, std::string source);
