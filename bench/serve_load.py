@@ -3,18 +3,23 @@
 reply lengths (prompts are random token ids, so their lengths are exact), optionally some streams
 dropped midway (a soak of cancellation), optionally arriving at random moments. Prints one JSON line:
 requests/s, output tokens/s, time to first token and time per output token (p50/p99), errors, and
-whether every slot was free afterwards. With --compare-alone, every completed request is then sent
+whether every slot was free afterwards. With --duration S, each client sends requests for S seconds
+(instead of --requests) and the throughput of the steady state is reported too: the output tokens
+streamed between --warmup and S seconds (every client busy throughout; each request's tokens placed
+evenly between its first and last), which excludes the ramp-up and the drain of the last requests
+that a fixed count per client includes. With --compare-alone, every completed request is then sent
 again on its own, one at a time, and its text compared with what it gave under load (the batch
 invariance test of issue 11: greedy output must not depend on what runs beside it).
 Python's standard library only, so it runs wherever the server does.
 
 Usage: python3 bench/serve_load.py --url http://127.0.0.1:8080 --clients 64 --requests 10 \
-         [--prompt-tokens 32:512] [--max-tokens 16:256] [--drop 0.1] [--arrival-ms 2000] \
+         [--duration 60 --warmup 10] [--prompt-tokens 32:512] [--max-tokens 16:256] [--drop 0.1] [--arrival-ms 2000] \
          [--compare-alone] [--api-key KEY] [--seed 1]
 """
 import argparse
 import http.client
 import json
+import math
 import random
 import threading
 import time
@@ -46,6 +51,8 @@ class Load:
         self.ttft, self.tpot, self.errors = [], [], []
         self.tokens = self.done = self.dropped = 0
         self.finished = []  # (request body, text) of each completed request, for --compare-alone
+        self.spans = []  # (first token time, last token time, tokens) of each completed request
+        self.t0 = 0.0
 
     def get(self, path):
         c = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -120,17 +127,36 @@ class Load:
                 self.ttft.append(first - t0)
             if first and n > 1:
                 self.tpot.append((last - first) / (n - 1))
+            if first:
+                self.spans.append((first, last, n))
         return "".join(text)
 
     def client(self, i, vocab):
         rng = random.Random(self.args.seed * 1000003 + i)
-        for _ in range(self.args.requests):
-            self.one(rng, vocab)
+        if self.args.duration > 0:
+            while time.perf_counter() < self.t0 + self.args.duration:
+                self.one(rng, vocab)
+        else:
+            for _ in range(self.args.requests):
+                self.one(rng, vocab)
+
+    def tokens_between(self, a, b):
+        """Output tokens streamed in [a, b]: each request's tokens placed evenly from its first to its last."""
+        total = 0
+        for first, last, n in self.spans:
+            if n == 1 or last <= first:
+                total += n if a <= first <= b else 0
+                continue
+            step = (last - first) / (n - 1)
+            lo = max(0, math.ceil((a - first) / step))
+            hi = min(n - 1, math.floor((b - first) / step))
+            total += max(0, hi - lo + 1)
+        return total
 
     def run(self):
         meta = self.get("/v1/models")["data"][0].get("meta", {})
         vocab = int(meta.get("vocab", 32000))
-        t0 = time.perf_counter()
+        t0 = self.t0 = time.perf_counter()
         with ThreadPoolExecutor(self.args.clients) as pool:
             for f in [pool.submit(self.client, i, vocab) for i in range(self.args.clients)]:
                 f.result()
@@ -150,8 +176,15 @@ class Load:
             "ttft_ms_p50": ms(pct(self.ttft, 50)), "ttft_ms_p99": ms(pct(self.ttft, 99)),
             "tpot_ms_p50": ms(pct(self.tpot, 50)), "tpot_ms_p99": ms(pct(self.tpot, 99)),
             "slots_busy_after": sum(1 for s in slots if s["busy"]),
+            **(self.steady() if self.args.duration > 0 else {}),
             **(self.compare_alone() if self.args.compare_alone else {}),
         }
+
+    def steady(self):
+        a, b = self.t0 + self.args.warmup, self.t0 + self.args.duration
+        n = self.tokens_between(a, b)
+        return {"steady_window_s": round(b - a, 3), "steady_output_tokens": n,
+                "steady_output_tok_s": round(n / (b - a), 1)}
 
     def compare_alone(self):
         """Each completed request again, alone: the same text, or the first difference is shown."""
@@ -173,6 +206,9 @@ def main():
     p.add_argument("--url", default="http://127.0.0.1:8080")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=10, help="per client")
+    p.add_argument("--duration", type=float, default=0.0,
+                   help="seconds each client keeps sending requests (instead of --requests); adds the steady-state figures")
+    p.add_argument("--warmup", type=float, default=10.0, help="with --duration: seconds left out of the steady state")
     p.add_argument("--prompt-tokens", type=span, default=(32, 512), help="LO:HI, drawn per request")
     p.add_argument("--max-tokens", type=span, default=(16, 256), help="LO:HI, drawn per request")
     p.add_argument("--drop", type=float, default=0.0, help="fraction of streams the client drops midway")
@@ -183,6 +219,8 @@ def main():
     p.add_argument("--api-key", default="")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
+    if args.duration > 0 and not 0 <= args.warmup < args.duration:
+        p.error("--warmup must lie in [0, --duration)")
     out = Load(args).run()
     print(json.dumps(out))
     differs = args.compare_alone and out["alone_identical"] != out["alone_compared"]

@@ -2,7 +2,8 @@
 // of different lengths arriving at different steps, a full queue, chunked prefill, greedy and seeded
 // sampling all give what the request gives alone), cancellation frees the slot within one step, eos /
 // stop strings / max tokens / the cache's end stop a request, the prefill budget holds, a follow-up
-// reuses its slot's cached prefix, and bad requests are refused before any compute.
+// reuses its slot's cached prefix, a step with prompt chunks is one call carrying the decode rows too,
+// and bad requests are refused before any compute.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -270,12 +271,18 @@ TEST(Generator, PrefillBudgetBoundsEveryStep) {
   g.submit(std::move(r));
   g.submit(request(Spec{seq(8, 2), 6}));
   int64_t total = 0;
-  for (; g.step(); ++step) {
-    EXPECT_LE(g.last_step().prefill_tokens, 5);
-    total += g.last_step().prefill_tokens;
-  }
-  total += g.last_step().prefill_tokens;
+  int mixed = 0;  // steps whose one forward carried decode rows and a prompt chunk together
+  auto count = [&] {
+    const StepStats& st = g.last_step();
+    EXPECT_LE(st.prefill_tokens, 5);
+    EXPECT_EQ(st.model_calls, st.decode_rows + st.prefill_rows > 0 ? 1 : 0) << "step " << step;
+    mixed += st.decode_rows > 0 && st.prefill_rows > 0;
+    total += st.prefill_tokens;
+  };
+  for (; g.step(); ++step) count();
+  count();
   EXPECT_EQ(total, 17 + 8);
+  EXPECT_GE(mixed, 1);
   EXPECT_EQ(first_at, 3);  // 17 tokens in chunks of 5: the fourth step completes the prompt
   Spec s{seq(17, 4), 3};
   Generator h(*m, o);

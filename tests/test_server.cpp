@@ -523,6 +523,20 @@ TEST(Server, DisconnectFreesTheSlotAndMetricsCount) {
             metric(m, "ingot_time_to_first_token_seconds_count") + 1) << m2;
   EXPECT_GT(metric(m2, "ingot_time_per_output_token_seconds_count"), 0) << m2;
   EXPECT_EQ(metric(m2, "ingot_queue_length"), 0) << m2;
+  // That lone request: one step computing its prompt (its first token picked there), two decode steps.
+  // A step is counted just after it returns, which may come after its answer was sent: poll a moment.
+  std::string m3 = m2;
+  auto moved = [&](const std::string& name) { return metric(m3, name) - metric(m, name); };
+  for (int i = 0; i < 200 && moved("ingot_step_seconds_count{kind=\"decode\"}") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m3 = get(r, "/metrics").raw;
+  }
+  EXPECT_EQ(moved("ingot_step_seconds_count{kind=\"prefill\"}"), 1) << m3;
+  EXPECT_GT(moved("ingot_step_prompt_tokens_total{kind=\"prefill\"}"), 0) << m3;
+  EXPECT_EQ(moved("ingot_step_seconds_count{kind=\"decode\"}"), 2) << m3;
+  EXPECT_EQ(moved("ingot_step_decode_rows_total{kind=\"decode\"}"), 2) << m3;
+  EXPECT_GT(moved("ingot_step_seconds_sum{kind=\"decode\"}"), 0) << m3;
+  EXPECT_NE(m3.find("\ningot_scheduler_overhead_seconds_total "), std::string::npos) << m3;
 }
 
 // Log-probabilities in OpenAI's shapes, whole and streamed: one entry per generated token, the

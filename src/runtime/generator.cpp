@@ -291,57 +291,64 @@ void Generator::fail_all(const std::vector<int>& slots, const std::exception& e)
   for (int s : slots) finish(*slots_[size_t(s)].req, StopReason::Error, e.what());
 }
 
-void Generator::decode_rows() {
+std::vector<int> Generator::decoding_slots() const {
   std::vector<int> rows;
-  std::vector<int32_t> tokens;  // [n] each row's last token, written at its next slot
-  std::vector<int64_t> at;      // [n]
   for (int s = 0; s < slots(); ++s) {
     const Active* a = slots_[size_t(s)].req.get();
-    if (!a || a->done || a->pending < 0) continue;
-    rows.push_back(s);
-    tokens.push_back(a->pending);
-    at.push_back(int64_t(slots_[size_t(s)].cached.size()));
+    if (a && !a->done && a->pending >= 0) rows.push_back(s);
   }
-  stats_.decode_rows = int(rows.size());
+  return rows;
+}
+
+void Generator::take_picks(const std::vector<int>& picked, const std::vector<int32_t>& next) {
+  // Log-probabilities only when a row of this call asks, at the largest top-N any of them asks.
+  int top_n = -1;
+  for (int s : picked) top_n = std::max(top_n, slots_[size_t(s)].req->req.logprobs);
+  Model::StepLogprobs lps;
+  if (top_n >= 0) {
+    try {
+      lps = m_.decode_logprobs(top_n);
+    } catch (const std::exception& e) {
+      return fail_all(picked, e);
+    }
+  }
+  for (size_t i = 0; i < picked.size(); ++i) {
+    Active& a = *slots_[size_t(picked[i])].req;
+    TokenLogprob lp;
+    const int want = a.req.logprobs;
+    if (want >= 0)
+      lp = token_logprob(lps.chosen[i], lps.top_ids.data() + i * size_t(top_n), lps.top.data() + i * size_t(top_n),
+                         want);
+    accept(a, next[i], want >= 0 ? &lp : nullptr);
+  }
+}
+
+void Generator::decode_calls(const std::vector<int>& rows) {
   // One call, unless the workspace carries fewer tokens than there are rows.
   const size_t per_call = size_t(std::max<int64_t>(1, m_.max_tokens()));
   for (size_t from = 0; from < rows.size(); from += per_call) {
-    const size_t to = std::min(rows.size(), from + per_call);
-    const std::vector<int> part(rows.begin() + long(from), rows.begin() + long(to));
+    const std::vector<int> part(rows.begin() + long(from), rows.begin() + long(std::min(rows.size(), from + per_call)));
+    std::vector<int32_t> tokens;  // [n] each row's last token, written at its next slot
+    std::vector<int64_t> at;      // [n]
+    for (int s : part) {
+      tokens.push_back(slots_[size_t(s)].req->pending);
+      at.push_back(int64_t(slots_[size_t(s)].cached.size()));
+    }
     std::vector<int32_t> next;
     try {
-      next = m_.decode(part, std::vector<int32_t>(tokens.begin() + long(from), tokens.begin() + long(to)),
-                       std::vector<int64_t>(at.begin() + long(from), at.begin() + long(to)));
+      next = m_.decode(part, tokens, at);
     } catch (const std::exception& e) {
       fail_all(part, e);
       continue;
     }
-    // Log-probabilities only when a row of this call asks, at the largest top-N any of them asks.
-    int top_n = -1;
-    for (int s : part) top_n = std::max(top_n, slots_[size_t(s)].req->req.logprobs);
-    Model::StepLogprobs lps;
-    if (top_n >= 0) {
-      try {
-        lps = m_.decode_logprobs(top_n);
-      } catch (const std::exception& e) {
-        fail_all(part, e);
-        continue;
-      }
-    }
-    for (size_t i = 0; i < part.size(); ++i) {
-      Slot& sl = slots_[size_t(part[i])];
-      sl.cached.push_back(tokens[from + i]);
-      TokenLogprob lp;
-      const int want = sl.req->req.logprobs;
-      if (want >= 0)
-        lp = token_logprob(lps.chosen[i], lps.top_ids.data() + i * size_t(top_n), lps.top.data() + i * size_t(top_n),
-                           want);
-      accept(*sl.req, next[i], want >= 0 ? &lp : nullptr);
-    }
+    ++stats_.model_calls;
+    stats_.decode_rows += int(part.size());
+    for (size_t i = 0; i < part.size(); ++i) slots_[size_t(part[i])].cached.push_back(tokens[i]);
+    take_picks(part, next);
   }
 }
 
-void Generator::prefill_rows() {
+std::vector<std::pair<int, int64_t>> Generator::plan_prefill(int64_t budget) const {
   std::vector<int> order;  // slots still prefilling, oldest request first
   for (int s = 0; s < slots(); ++s) {
     const Active* a = slots_[size_t(s)].req.get();
@@ -349,59 +356,59 @@ void Generator::prefill_rows() {
   }
   std::sort(order.begin(), order.end(),
             [&](int x, int y) { return slots_[size_t(x)].req->out.id < slots_[size_t(y)].req->out.id; });
-  const int64_t budget = opt_.prefill_budget > 0 ? std::min(opt_.prefill_budget, m_.max_tokens()) : m_.max_tokens();
-  int64_t left = budget;
-  Batch b;
-  std::vector<int> rows;
+  std::vector<std::pair<int, int64_t>> chunks;  // (slot, tokens)
   for (int s : order) {
-    if (left == 0) break;
+    if (budget == 0) break;
     const Active& a = *slots_[size_t(s)].req;
-    const int64_t n = std::min<int64_t>(left, int64_t(a.req.prompt.size() - a.prefilled));
-    const auto from = a.req.prompt.begin() + long(a.prefilled);
-    b.rows.push_back(BatchRow{s, std::vector<int32_t>(from, from + long(n)), int64_t(a.prefilled), {}, false});
-    rows.push_back(s);
-    left -= n;
+    const int64_t n = std::min<int64_t>(budget, int64_t(a.req.prompt.size() - a.prefilled));
+    chunks.emplace_back(s, n);
+    budget -= n;
   }
-  stats_.prefill_rows = int(rows.size());
-  stats_.prefill_tokens = budget - left;
-  if (rows.empty()) return;
-  HostTensor logits;  // [rows, vocab]: each chunk's last token
+  return chunks;
+}
+
+void Generator::forward_call(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks) {
+  Batch b;
+  std::vector<int> rows, picked;  // every row of the call; those that get a token
+  for (int s : decode) {
+    const Slot& sl = slots_[size_t(s)];
+    b.rows.push_back(BatchRow{s, {sl.req->pending}, int64_t(sl.cached.size()), {}, false});
+    rows.push_back(s);
+    picked.push_back(s);
+  }
+  for (auto [s, n] : chunks) {
+    Active& a = *slots_[size_t(s)].req;
+    const auto from = a.req.prompt.begin() + long(a.prefilled);
+    const bool ends = a.prefilled + size_t(n) == a.req.prompt.size();
+    b.rows.push_back(BatchRow{s, std::vector<int32_t>(from, from + long(n)), int64_t(a.prefilled), {}, false, ends});
+    rows.push_back(s);
+    stats_.prefill_tokens += n;
+    if (!ends) continue;
+    picked.push_back(s);
+    // The first token is picked on the device like every later one: the row starts the request's
+    // random stream with the prompt as the penalty's history (set even when greedy: the row may have
+    // been left sampling by an earlier request).
+    try {
+      m_.set_sampling(s, a.req.sampling, a.req.prompt);
+    } catch (const std::exception& e) {
+      return fail_all(rows, e);
+    }
+  }
+  stats_.decode_rows += int(decode.size());
+  stats_.prefill_rows += int(chunks.size());
+  std::vector<int32_t> next;
   try {
-    logits = m_.forward(b);
+    next = m_.forward_pick(b);
   } catch (const std::exception& e) {
     return fail_all(rows, e);
   }
-  const int64_t V = m_.spec().vocab;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Slot& sl = slots_[size_t(rows[i])];
-    Active& a = *sl.req;
-    const std::vector<int32_t>& chunk = b.rows[i].tokens;
-    sl.cached.insert(sl.cached.end(), chunk.begin(), chunk.end());
-    a.prefilled += chunk.size();
-    if (a.prefilled < a.req.prompt.size()) continue;
-    // The first token is picked on the host from the prompt's logits; the device continues the same
-    // random stream from there, with the prompt and that token as the penalty's history.
-    Sampler sampler(a.req.sampling);
-    std::vector<int32_t> history = a.req.prompt;
-    const float* row_logits = logits.as<float>() + int64_t(i) * V;
-    const int32_t tok = sampler.pick(row_logits, V, history);
-    if (tok != sampling::kNoToken) {
-      history.push_back(tok);
-      // Set even when greedy: the row may have been left sampling by an earlier request. The first
-      // token is the only one generated so far (the counts' start).
-      const int32_t first[1] = {tok};
-      m_.set_sampling(rows[i], a.req.sampling, history, sampler.draws(), first);
-    }
-    TokenLogprob lp;
-    if (a.req.logprobs >= 0 && tok != sampling::kNoToken) {
-      // The host reference of the logprobs op: these logits are on the host already.
-      int32_t ids[sampling::kMaxTopLogprobs];
-      float vals[sampling::kMaxTopLogprobs], chosen = 0.0f;
-      sampling::logprobs_row(row_logits, V, tok, a.req.logprobs, &chosen, ids, vals);
-      lp = token_logprob(chosen, ids, vals, a.req.logprobs);
-    }
-    accept(a, tok, a.req.logprobs >= 0 ? &lp : nullptr);
+  ++stats_.model_calls;
+  for (const BatchRow& r : b.rows) {
+    Slot& sl = slots_[size_t(r.row)];
+    sl.cached.insert(sl.cached.end(), r.tokens.begin(), r.tokens.end());
+    if (sl.req->pending < 0) sl.req->prefilled += r.tokens.size();
   }
+  take_picks(picked, next);
 }
 
 bool Generator::step() {
@@ -418,9 +425,18 @@ bool Generator::step() {
   };
   reap();
   admit();
-  decode_rows();
-  reap();
-  prefill_rows();
+  // Decode rows and prompt chunks share one forward when there are chunks (the weights are read once);
+  // a step of decode rows alone takes the fixed-shape decode, graph-captured on CUDA.
+  std::vector<int> decode = decoding_slots();
+  const int64_t cap = m_.max_tokens();
+  if (int64_t(decode.size()) >= cap) {  // the decode rows fill whole calls: prompts go in their own
+    decode_calls(decode);
+    decode.clear();
+  }
+  const int64_t budget = opt_.prefill_budget > 0 ? std::min(opt_.prefill_budget, cap) : cap;
+  const auto chunks = plan_prefill(std::min(budget, cap - int64_t(decode.size())));
+  if (!chunks.empty()) forward_call(decode, chunks);
+  else if (!decode.empty()) decode_calls(decode);
   reap();
   return !idle();
 }

@@ -4,17 +4,17 @@
 // each takes a free slot, is prefilled in chunks under a per-step token budget while the other slots
 // decode, streams its tokens out and gives its slot back the moment it stops.
 //
-// One step() = at most two model calls (more only when a forward carries fewer tokens than there are
-// decoding slots):
-//  - every slot past its prompt feeds its last token through Model::decode, the fixed-shape step that
-//    is graph-captured on CUDA and picks on the device (greedy or from the row's sampling state), so
-//    only n token ids come back;
-//  - prompt chunks (up to `prefill_budget` tokens over all slots still prefilling, in arrival order)
-//    go through one Model::forward; a row whose prompt completes gets its last token's logits back
-//    and its first token is picked on the host (Sampler), whose draws the device then continues.
-// Mixing the decode rows into the forward call instead would make every step download [n, vocab]
-// f32 logits and lose the captured graph; both entries run the same ops over per-row metadata, so a
-// request's tokens do not depend on which call carried them (tested on the CPU, bit for bit).
+// One step() = one model call (more only when a forward carries fewer tokens than there are decoding
+// slots), and the device picks every token, so only token ids come back:
+//  - with prompt chunks to compute (up to `prefill_budget` tokens over all slots still prefilling, in
+//    arrival order), one Model::forward_pick carries them and every slot past its prompt (its last
+//    token): a server's steady state mixes a newly arrived prompt into the decode step, and the
+//    weights are read once for both. A chunk that ends its prompt gets its first token picked there,
+//    from the row's sampling state set to the request's settings;
+//  - without them, the decode rows go through Model::decode, the fixed-shape step that is
+//    graph-captured on CUDA.
+// Both entries run the same ops over per-row metadata, so a request's tokens do not depend on which
+// call carried them (tested on the CPU, bit for bit; on the GPU with --batch-invariant).
 //
 // On the CPU a request's output does not depend on what else runs: rows never read each other's
 // cache, the backend reduces each row in a fixed order, and sampling is a counter-based stream per
@@ -135,6 +135,7 @@ struct StepStats {
   int decode_rows = 0;
   int prefill_rows = 0;
   int64_t prefill_tokens = 0;
+  int model_calls = 0;  // forwards and decode steps run
 };
 
 class Generator {
@@ -176,8 +177,14 @@ class Generator {
   // Tokens of a slot's cached sequence that a request of `prompt` can keep.
   size_t reusable_prefix(const std::vector<int32_t>& cached, const std::vector<int32_t>& prompt) const;
   int choose_slot(const Request& r) const;
-  void decode_rows();
-  void prefill_rows();
+  std::vector<int> decoding_slots() const;  // slots past their prompt, each with a token to feed
+  // Prompt chunks for this step, oldest request first, at most `budget` tokens in all: (slot, tokens).
+  std::vector<std::pair<int, int64_t>> plan_prefill(int64_t budget) const;
+  void decode_calls(const std::vector<int>& rows);  // Model::decode over these rows
+  // One Model::forward_pick over these decode rows and prompt chunks.
+  void forward_call(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks);
+  // The tokens picked for these slots (and their log-probabilities when asked), in order.
+  void take_picks(const std::vector<int>& picked, const std::vector<int32_t>& next);
   // A generated token for a's request; stops it when due. index = how many came before.
   void accept(Active& a, int32_t tok, TokenLogprob* lp = nullptr);
   void finish(Active& a, StopReason why, const std::string& error = {});

@@ -11,6 +11,7 @@ namespace ingot {
 
 struct Model::Prepared {
   std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
+  std::vector<int32_t> out_row;  // [out_idx] the cache row of each output token
   int max_kv_len = 0;
   int rows = 0;
 };
@@ -123,7 +124,10 @@ Model::Prepared Model::prepare(const Batch& b) const {
       if (id < 0 || id >= spec_.vocab)
         throw Error("forward: token id " + std::to_string(id) + " is outside the vocabulary of " +
                     std::to_string(spec_.vocab));
-      if (br.all_logits || i == len - 1) p.out_idx.push_back(int32_t(p.ids.size()));
+      if (br.wants_output && (br.all_logits || i == len - 1)) {
+        p.out_idx.push_back(int32_t(p.ids.size()));
+        p.out_row.push_back(br.row);
+      }
       p.ids.push_back(id);
       p.row.push_back(br.row);
       p.slot.push_back(int32_t(br.write_index + i));
@@ -238,18 +242,14 @@ Model::StepLogprobs Model::decode_logprobs(int top_n) {
   return out;
 }
 
-void Model::decode_body(int64_t n, bool sampled) {
-  const DType adt = be_.activation_dtype();
-  // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
-  run_decoder(n, int(state_.capacity()), int(n));
-  Mat lg = mat(logits_.get(), adt, n, spec_.vocab);
-  lm_head(be_, weights_, mat(h_.get(), adt, n, spec_.hidden), lg);
+void Model::pick(int64_t n, const int32_t* rows, bool sampled) {
+  Mat lg = mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab);
   if (!sampled) {
     be_.argmax(lg, next_tokens_.as<int32_t>());
     return;
   }
   SampleState st;
-  st.row = row_.as<int32_t>();  // one token per row: the token's cache row is the state row
+  st.row = rows;
   st.params = sample_params_.as<SampleParams>();
   st.step = sample_step_.as<uint32_t>();
   st.seen = sample_seen_.as<uint8_t>();
@@ -257,6 +257,42 @@ void Model::decode_body(int64_t n, bool sampled) {
   st.counts = sample_counts_.as<int32_t>();
   st.counts_ld = spec_.vocab;
   be_.sample(lg, st, next_tokens_.as<int32_t>());
+}
+
+bool Model::any_sampled(const std::vector<int>& rows) const {
+  return std::any_of(rows.begin(), rows.end(), [&](int r) { return !row_sampling_[size_t(r)].greedy(); });
+}
+
+void Model::decode_body(int64_t n, bool sampled) {
+  const DType adt = be_.activation_dtype();
+  // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
+  run_decoder(n, int(state_.capacity()), int(n));
+  lm_head(be_, weights_, mat(h_.get(), adt, n, spec_.hidden), mat(logits_.get(), adt, n, spec_.vocab));
+  pick(n, row_.as<int32_t>(), sampled);  // one token per row: the token's cache row is the state row
+}
+
+std::vector<int32_t> Model::forward_pick(const Batch& batch) {
+  for (size_t r = 0; r < batch.rows.size(); ++r)
+    if (batch.rows[r].all_logits)
+      throw Error("forward_pick: row " + std::to_string(r) + " asks for every token's logits; a pick takes only the last");
+  Prepared p = prepare(batch);
+  last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
+  const int64_t T = int64_t(p.ids.size()), n = int64_t(p.out_idx.size());
+  upload_meta(p);
+  if (n > 0) be_.upload(next_tokens_.as<int32_t>() + opt_.max_batch, p.out_row.data(), p.out_row.size() * sizeof(int32_t));
+  advance_lengths(batch);
+  run_decoder(T, p.max_kv_len, p.rows);
+  if (n == 0) return {};
+  const DType adt = be_.activation_dtype();
+  Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
+  be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
+  lm_head(be_, weights_, g, mat(logits_.get(), adt, n, spec_.vocab));
+  const std::vector<int> rows(p.out_row.begin(), p.out_row.end());
+  pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, any_sampled(rows));
+  last_decode_rows_ = n;
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));
+  return out;
 }
 
 std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
@@ -271,8 +307,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
   for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
   advance_lengths(b);
-  bool sampled = false;
-  for (int r : rows) sampled = sampled || !row_sampling_[size_t(r)].greedy();
+  const bool sampled = any_sampled(rows);
   if (opt_.use_graphs) {
     const std::pair<int64_t, bool> key{n, sampled};
     auto it = decode_graphs_.find(key);

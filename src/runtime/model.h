@@ -29,6 +29,8 @@ struct BatchRow {
   int64_t write_index = 0;         // slots already filled in this row; the chunk goes to write_index..+len-1
   std::vector<int64_t> positions;  // [len] explicit RoPE positions, or empty for the slot indices
   bool all_logits = false;         // logits for every token, or only for the last
+  // false: no logits (or pick) for this row at all: a prompt chunk that does not end its prompt.
+  bool wants_output = true;
 };
 
 struct Batch {
@@ -47,6 +49,14 @@ class Model {
   // order, each row's tokens in order (all, or only its last). Throws Error before any compute when a
   // row is malformed or does not fit (capacity, batch, workspace).
   HostTensor forward(const Batch& batch);
+
+  // forward() that picks instead of returning logits: the last token of each row that wants output gets
+  // its next token picked on the device by the row's sampling state, as decode() picks (set_sampling
+  // first for a row whose prompt ends here). Returns those picks, rows in call order; no logits leave
+  // the backend. One call carries decode rows (one token each) and prompt chunks together, so a step
+  // that has both reads the weights once. Not graph-captured (its shape changes every step); rows may
+  // not ask for all_logits. decode_logprobs() then reads its picks' logits as after decode().
+  std::vector<int32_t> forward_pick(const Batch& batch);
 
   // The fixed-shape decode step: n distinct cache rows each take one token (tokens[i]) at slot
   // write_index[i]; returns each row's next token, picked on the device by the row's sampling state
@@ -97,6 +107,9 @@ class Model {
   void upload_meta(const Prepared& p);
   void advance_lengths(const Batch& batch);  // the State's row lengths after a forward wrote the batch
   void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
+  // next_tokens_[i] = the pick from logits_ row i (of n) for cache row rows[i] (backend memory)
+  void pick(int64_t n, const int32_t* rows, bool sampled);
+  bool any_sampled(const std::vector<int>& rows) const;
 
   const Engine& engine_;
   Backend& be_;
@@ -117,7 +130,7 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
-  Buffer next_tokens_;  // [max_batch] int32 picks of decode steps
+  Buffer next_tokens_;  // [2, max_batch] int32: a step's picks, then (forward_pick) their cache rows
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
   Buffer sample_params_;  // [max_batch] SampleParams
   Buffer sample_step_;    // [max_batch] uint32

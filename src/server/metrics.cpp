@@ -31,14 +31,20 @@ void Histogram::observe(double v) {
 }
 
 std::string Histogram::render(const std::string& name, const std::string& help) const {
-  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  return "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n" + series(name, "");
+}
+
+std::string Histogram::series(const std::string& name, const std::string& labels) const {
+  const std::string sep = labels.empty() ? "" : ",";
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";
+  std::string out;
   uint64_t running = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     running += counts_[i];
-    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(running) + "\n";
+    out += name + "_bucket{" + labels + sep + "le=\"" + num(bounds_[i]) + "\"} " + std::to_string(running) + "\n";
   }
-  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
-  out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum" + own + " " + num(sum_) + "\n" + name + "_count" + own + " " + std::to_string(count_) + "\n";
   return out;
 }
 
@@ -69,6 +75,22 @@ void Metrics::count_finished(const std::string& reason, int64_t prompt, int64_t 
   if (generated > 1) tpot_.observe(decode_s / double(generated - 1));
 }
 
+void Metrics::count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = steps_.find(kind);
+  if (it == steps_.end())  // a GPU decode step takes milliseconds, a CPU one or a long prompt's seconds
+    it = steps_.emplace(kind, StepKind{Histogram({0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1, 5})})
+             .first;
+  it->second.seconds.observe(seconds);
+  it->second.decode_rows += uint64_t(decode_rows);
+  it->second.prompt_tokens += uint64_t(prompt_tokens);
+}
+
+void Metrics::count_scheduler_overhead(double seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  scheduler_overhead_s_ += seconds;
+}
+
 std::string Metrics::render(const LoadGauges& g) const {
   std::lock_guard<std::mutex> l(mu_);
   std::string out = "# HELP ingot_requests_total HTTP answers of the /v1 endpoints, by status\n"
@@ -89,6 +111,20 @@ std::string Metrics::render(const LoadGauges& g) const {
   out += gauge("ingot_kv_positions_total", "token positions of the KV cache (slots x capacity)", g.kv_positions_total);
   out += ttft_.render("ingot_time_to_first_token_seconds", "submit to first token, queueing included");
   out += tpot_.render("ingot_time_per_output_token_seconds", "decode time per token after the first, per generation");
+  out += "# HELP ingot_step_seconds generator steps by kind (decode: decode rows only; mixed: decode rows and prompt "
+         "chunks in one forward; prefill: prompt chunks only), wall time\n# TYPE ingot_step_seconds histogram\n";
+  for (const auto& [kind, k] : steps_) out += k.seconds.series("ingot_step_seconds", "kind=\"" + kind + "\"");
+  out += "# HELP ingot_step_decode_rows_total decode rows carried by the steps, by kind\n"
+         "# TYPE ingot_step_decode_rows_total counter\n";
+  for (const auto& [kind, k] : steps_)
+    out += "ingot_step_decode_rows_total{kind=\"" + kind + "\"} " + std::to_string(k.decode_rows) + "\n";
+  out += "# HELP ingot_step_prompt_tokens_total prompt tokens computed by the steps, by kind\n"
+         "# TYPE ingot_step_prompt_tokens_total counter\n";
+  for (const auto& [kind, k] : steps_)
+    out += "ingot_step_prompt_tokens_total{kind=\"" + kind + "\"} " + std::to_string(k.prompt_tokens) + "\n";
+  out += "# HELP ingot_scheduler_overhead_seconds_total scheduler thread time between steps\n"
+         "# TYPE ingot_scheduler_overhead_seconds_total counter\n"
+         "ingot_scheduler_overhead_seconds_total " + num(scheduler_overhead_s_) + "\n";
   return out;
 }
 

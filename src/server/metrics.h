@@ -16,6 +16,8 @@ class Histogram {
   void observe(double v);
   // Prometheus text lines of `name` (cumulative buckets, sum, count).
   std::string render(const std::string& name, const std::string& help) const;
+  // The same lines without the HELP and TYPE header, each series carrying `labels` (`kind="decode"`).
+  std::string series(const std::string& name, const std::string& labels) const;
 
  private:
   std::vector<double> bounds_;
@@ -40,6 +42,13 @@ class Metrics {
   // A finished generation (one choice): why it stopped, its tokens and latencies.
   void count_finished(const std::string& reason, int64_t prompt_tokens, int64_t computed_prompt_tokens,
                       int64_t generated, double ttft_s, double decode_s);
+  // One generator step: its kind (what the one forward carried: "decode" rows only, "mixed" decode
+  // rows and prompt chunks, "prefill" prompt chunks only), wall time (host work included), decode rows
+  // and prompt tokens. How a server's time splits between steps that mix prompts in and those that do
+  // not is what its throughput against `ingot bench` comes down to.
+  void count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens);
+  // Time the scheduler thread spent between steps (taking requests in, publishing the gauges).
+  void count_scheduler_overhead(double seconds);
   std::string render(const LoadGauges& g) const;
   uint64_t status_count(int http_status) const;  // for tests
 
@@ -49,6 +58,12 @@ class Metrics {
   std::map<std::string, uint64_t> finished_;
   uint64_t prompt_tokens_ = 0, computed_prompt_tokens_ = 0, generated_tokens_ = 0;
   Histogram ttft_, tpot_;
+  struct StepKind {
+    Histogram seconds;
+    uint64_t decode_rows = 0, prompt_tokens = 0;
+  };
+  std::map<std::string, StepKind> steps_;
+  double scheduler_overhead_s_ = 0;
 };
 
 }  // namespace ingot::server

@@ -5,6 +5,11 @@
 
 namespace ingot::server {
 
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
 void Channel::push(ChoiceEvent e) {
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -140,14 +145,26 @@ void Scheduler::loop() {
       publish(taken);
       return;
     }
-    try {
-      if (!gen_.idle()) gen_.step();
-    } catch (const std::exception& e) {
-      // step() fails requests, not itself, on a model error; what escapes it (out of memory in the
-      // bookkeeping) is reported and the loop goes on, so the server keeps answering.
-      std::fprintf(stderr, "ingot serve: generator step failed: %s\n", e.what());
+    const auto t0 = Clock::now();
+    if (!gen_.idle()) {
+      try {
+        gen_.step();
+        const StepStats& st = gen_.last_step();
+        if (st.model_calls > 0) {
+          const char* kind = st.prefill_rows == 0 ? "decode" : st.decode_rows == 0 ? "prefill" : "mixed";
+          metrics_.count_step(kind, seconds(t0, Clock::now()), st.decode_rows, st.prefill_tokens);
+        }
+      } catch (const std::exception& e) {
+        // step() fails requests, not itself, on a model error; what escapes it (out of memory in the
+        // bookkeeping) is reported and the loop goes on, so the server keeps answering.
+        std::fprintf(stderr, "ingot serve: generator step failed: %s\n", e.what());
+      }
     }
+    const auto t1 = Clock::now();
     publish(taken);
+    if (busy_since_step_) metrics_.count_scheduler_overhead(seconds(*busy_since_step_, t0) + seconds(t1, Clock::now()));
+    if (gen_.idle()) busy_since_step_.reset();
+    else busy_since_step_ = Clock::now();
   }
 }
 

@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +73,7 @@ class Scheduler {
   std::vector<SlotView> slots() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Pending {
     std::vector<Request> choices;
     std::shared_ptr<Channel> channel;
@@ -92,6 +94,9 @@ class Scheduler {
   LoadGauges gauges_;
   std::vector<SlotView> slots_;
   std::vector<std::shared_ptr<std::atomic<bool>>> cancels_;  // of the choices in the generator (scheduler thread)
+  // When the last step ended with work left (scheduler thread): the loop's time from then to the next
+  // step is overhead; after an idle step it is waiting, and not counted.
+  std::optional<Clock::time_point> busy_since_step_;
   std::thread thread_;  // last: starts after every member above exists
 };
 
