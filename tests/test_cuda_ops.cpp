@@ -230,7 +230,7 @@ TEST_P(CudaOps, SigmoidGateInPlaceOnStridedGate) {
   expect_close(g.get(gx, size_t(T * N)), c.get(cx, size_t(T * N)), tol(), "sigmoid_gate");
 }
 
-TEST_P(CudaOps, SwigluGatherArgmax) {
+TEST_P(CudaOps, SwigluGatherFeedArgmax) {
   const int64_t T = 4, I = 33, V = 1001;
   auto gu = rnd(size_t(T * 2 * I));
   Side& g = *gpu_;
@@ -245,6 +245,18 @@ TEST_P(CudaOps, SwigluGatherArgmax) {
   gpu_be_->gather_rows(g.m(go, T, I), g.put_i32(idx), g.m(gd, 3, I));
   cpu_be_->gather_rows(c.m(co, T, I), c.put_i32(idx), c.m(cd, 3, I));
   expect_close(g.get(gd, size_t(3 * I)), c.get(cd, size_t(3 * I)), tol(), "gather_rows");
+
+  // feed_picks: fed rows take the pick they name (a missing pick, -1, as token 0), the rest keep theirs.
+  {
+    const std::vector<int32_t> picks = {41, -1, 7, 300}, from = {2, -1, 1, 0, -1, 3}, ids = {5, 6, 8, 9, 10, 11};
+    int32_t* gi = g.put_i32(ids);
+    int32_t* ci = c.put_i32(ids);
+    gpu_be_->feed_picks(g.put_i32(picks), g.put_i32(from), int64_t(from.size()), gi);
+    cpu_be_->feed_picks(c.put_i32(picks), c.put_i32(from), int64_t(from.size()), ci);
+    const std::vector<int32_t> fed = g.get_i32(gi, ids.size());
+    EXPECT_EQ(fed, c.get_i32(ci, ids.size()));
+    EXPECT_EQ(fed, (std::vector<int32_t>{7, 6, 0, 41, 10, 300}));
+  }
 
   // Ties: the lowest index wins, whichever thread saw it.
   auto lg = rnd(size_t(T * V));

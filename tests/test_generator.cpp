@@ -79,11 +79,13 @@ std::vector<Spec> scenario(bool sampled) {
 
 // Runs the scenario on `batch` slots with a prefill budget (and a workspace of max_tokens per
 // forward); returns each request's tokens.
+// overlap: GeneratorOptions::Overlap::On, else Off; overlapped (when given) counts the rows fed on the device.
 std::vector<std::vector<int32_t>> together(Fx& f, const std::vector<Spec>& specs, int batch, int64_t budget,
-                                           int64_t max_tokens = 0) {
+                                           int64_t max_tokens = 0, bool overlap = false, int* overlapped = nullptr) {
   auto m = f.model(batch, 64, max_tokens);
   GeneratorOptions o;
   o.prefill_budget = budget;
+  o.overlap = overlap ? GeneratorOptions::Overlap::On : GeneratorOptions::Overlap::Off;
   Generator g(*m, o);
   std::vector<std::vector<int32_t>> got(specs.size());
   std::vector<bool> done(specs.size(), false);
@@ -99,8 +101,12 @@ std::vector<std::vector<int32_t>> together(Fx& f, const std::vector<Spec>& specs
         g.submit(std::move(r));
       }
     EXPECT_LE(g.busy_slots(), batch);
-    if (!g.step() && step > 10) break;
+    const bool more = g.step();
+    if (overlapped) *overlapped += g.last_step().overlapped_rows;
+    if (!overlap) EXPECT_EQ(g.last_step().overlapped_rows, 0);
+    if (!more && step > 10) break;
   }
+  EXPECT_EQ(m->outstanding(), 0) << "the generator went idle with a launched step unread";
   for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(done[i]) << "request " << i << " never finished";
   return got;
 }
@@ -117,6 +123,25 @@ TEST(Generator, ConcurrentGreedyRequestsEqualEachAlone) {
   }
   // A workspace of 3 tokens per call: prompts in chunks of 3, the 5 decode rows in two calls.
   EXPECT_EQ(together(f, specs, 5, 0, 3), want);
+}
+
+TEST(Generator, OverlappedDecodeStepsGiveTheTokensOfStepsInTurn) {
+  // Decode steps launched before the host reads the step before them (fed its picks on the device)
+  // give exactly what steps run one after the other give, greedy and sampled, with requests arriving,
+  // queueing and stopping mid-run; and the overlap does happen.
+  Fx f;
+  for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled" : "greedy");
+    const std::vector<Spec> specs = scenario(sampled);
+    for (auto [batch, budget] : {std::pair{8, int64_t(0)}, std::pair{3, int64_t(5)}}) {
+      int overlapped = 0;
+      const auto in_turn = together(f, specs, batch, budget, 0, false);
+      EXPECT_EQ(together(f, specs, batch, budget, 0, true, &overlapped), in_turn);
+      EXPECT_GT(overlapped, 0);
+    }
+    // A workspace of 3 tokens per call: the decode rows in calls of their own, read at once.
+    EXPECT_EQ(together(f, specs, 5, 0, 3, true), together(f, specs, 5, 0, 3, false));
+  }
 }
 
 TEST(Generator, ConcurrentSampledRequestsEqualEachAloneBySeed) {
@@ -137,10 +162,12 @@ TEST(Generator, ConcurrentSampledRequestsEqualEachAloneBySeed) {
   EXPECT_NE(alone(f, other), alone(f, same));
 }
 
-TEST(Generator, CancellationFreesTheSlotWithinOneStep) {
+void cancellation_frees_the_slot(GeneratorOptions::Overlap overlap) {
   Fx f;
   auto m = f.model(2);
-  Generator g(*m);
+  GeneratorOptions o;
+  o.overlap = overlap;
+  Generator g(*m, o);
   auto flag = std::make_shared<std::atomic<bool>>(false);
   std::optional<Completion> a_done;
   int a_tokens = 0;
@@ -189,6 +216,13 @@ TEST(Generator, CancellationFreesTheSlotWithinOneStep) {
   EXPECT_TRUE(g.idle());
 }
 
+TEST(Generator, CancellationFreesTheSlotWithinOneStep) {
+  for (auto overlap : {GeneratorOptions::Overlap::Off, GeneratorOptions::Overlap::On}) {
+    SCOPED_TRACE(overlap == GeneratorOptions::Overlap::On ? "overlapped steps" : "steps in turn");
+    cancellation_frees_the_slot(overlap);
+  }
+}
+
 // A text layer for tests: token id -> one letter, and one held-back "!" released at the end.
 class Letters : public TextDecoder {
  public:
@@ -196,10 +230,12 @@ class Letters : public TextDecoder {
   std::string flush() override { return "!"; }
 };
 
-TEST(Generator, StopsAtEosStopStringsAndMaxTokens) {
+void stops_at_eos_stop_strings_and_max_tokens(GeneratorOptions::Overlap overlap) {
   Fx f;
   auto m = f.model(2);
-  Generator g(*m);
+  GeneratorOptions o;
+  o.overlap = overlap;
+  Generator g(*m, o);
   const Spec s{seq(7, 5), 12};
   const std::vector<int32_t> ids = alone(f, s);
   ASSERT_EQ(ids.size(), 12u);
@@ -255,6 +291,13 @@ TEST(Generator, StopsAtEosStopStringsAndMaxTokens) {
   EXPECT_EQ(c.stop, StopReason::Capacity);
   EXPECT_TRUE(c.ids.empty());
   EXPECT_EQ(c.computed_prompt_tokens, 0);
+}
+
+TEST(Generator, StopsAtEosStopStringsAndMaxTokens) {
+  for (auto overlap : {GeneratorOptions::Overlap::Off, GeneratorOptions::Overlap::On}) {
+    SCOPED_TRACE(overlap == GeneratorOptions::Overlap::On ? "overlapped steps" : "steps in turn");
+    stops_at_eos_stop_strings_and_max_tokens(overlap);
+  }
 }
 
 TEST(Generator, PrefillBudgetBoundsEveryStep) {

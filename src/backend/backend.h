@@ -158,6 +158,16 @@ class Graph {
   virtual void replay() = 0;
 };
 
+// A copy from backend memory to the host, queued in order after the ops issued before it and waited
+// for on its own: the host reads a step's picks while the steps queued after it still run
+// (Model::launch_decode). Reusable; one copy in flight at a time.
+class Readback {
+ public:
+  virtual ~Readback() = default;
+  virtual void start(const void* src, size_t bytes) = 0;  // bytes <= the size it was made for
+  virtual const void* wait() = 0;  // the bytes of the last start(), once that copy is done
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -173,6 +183,9 @@ class Backend {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host, synchronising
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // A Readback of up to max_bytes. This one copies at start() through download(), which waits for
+  // everything queued; backends with queues override it with a copy that waits for nothing later.
+  virtual std::unique_ptr<Readback> make_readback(size_t max_bytes);
 
   // Records the ops `body` issues into a Graph, or returns null when the backend has no graphs (the
   // caller then runs body() directly). The body must not allocate or synchronise.
@@ -209,6 +222,11 @@ class Backend {
     (void)x, (void)w_gate_up, (void)out;
     return false;
   }
+  // ids[i] = picks[from[i]] for from[i] >= 0, else ids[i] is left as it is; a pick that is not a token
+  // (sampling::kNoToken) is fed as token 0, so a step never reads outside the embedding table (the
+  // request that drew it stops with an error when its pick is read). Feeds a decode step the previous
+  // step's picks without a trip through the host. All pointers in backend memory, [n].
+  virtual void feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids) = 0;
   // dst[i, :] = src[idx[i], :]
   virtual void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) = 0;
   // out[i] = argmax_j logits[i, j] (lowest index on ties), or -1 (sampling::kNoToken) for a row with
@@ -234,6 +252,25 @@ class Backend {
   virtual void gated_delta_rule(const GatedDeltaRuleParams& p) = 0;
   virtual void gated_rmsnorm(const GatedRmsNormParams& p) = 0;
 };
+
+// Backend::make_readback's default: download() at start (which waits for everything queued).
+class DownloadReadback final : public Readback {
+ public:
+  DownloadReadback(Backend& be, size_t max_bytes) : be_(be), bytes_(max_bytes) {}
+  void start(const void* src, size_t bytes) override {
+    if (bytes > bytes_.size()) throw Error("readback: " + std::to_string(bytes) + " bytes exceed its " + std::to_string(bytes_.size()));
+    be_.download(bytes_.data(), src, bytes);
+  }
+  const void* wait() override { return bytes_.data(); }
+
+ private:
+  Backend& be_;
+  std::vector<uint8_t> bytes_;
+};
+
+inline std::unique_ptr<Readback> Backend::make_readback(size_t max_bytes) {
+  return std::make_unique<DownloadReadback>(*this, max_bytes);
+}
 
 // RAII for one backend allocation.
 class Buffer {

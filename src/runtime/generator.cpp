@@ -103,15 +103,27 @@ struct Generator::Active {
   bool capped = false;  // max_new was cut to the cache: reaching it stops with Capacity
   size_t prefilled = 0;  // prompt tokens whose K/V are in the slot
   int32_t pending = -1;  // the last generated token, fed by the next decode step (-1: still prefilling)
+  // (overlap) the last launched step will pick this request's next token; the host has not read it.
+  bool awaiting = false;
   bool done = false;
   bool cancelled() const { return req.cancel && req.cancel->load(std::memory_order_relaxed); }
 };
 
 Generator::Generator(Model& m, GeneratorOptions o) : m_(m), opt_(o), slots_(size_t(m.state().max_batch())) {
   if (opt_.prefill_budget < 0) throw Error("generator: the prefill budget must be >= 0");
+  overlap_ = opt_.overlap == GeneratorOptions::Overlap::On ||
+             (opt_.overlap == GeneratorOptions::Overlap::Auto && !m_.backend().host_memory());
 }
 
-Generator::~Generator() = default;
+Generator::~Generator() {
+  // A step still outstanding is waited for, so the model is left with none.
+  while (m_.outstanding() > 0) {
+    try {
+      m_.finish_launch();
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 RequestId Generator::submit(Request r) {
   const int64_t len = int64_t(r.prompt.size());
@@ -295,32 +307,11 @@ std::vector<int> Generator::decoding_slots() const {
   std::vector<int> rows;
   for (int s = 0; s < slots(); ++s) {
     const Active* a = slots_[size_t(s)].req.get();
-    if (a && !a->done && a->pending >= 0) rows.push_back(s);
+    if (!a || a->done) continue;
+    // An awaited pick that is the request's last token is never fed (its K/V would be past the room).
+    if (a->pending >= 0 || (a->awaiting && int(a->out.ids.size()) + 1 < a->max_new)) rows.push_back(s);
   }
   return rows;
-}
-
-void Generator::take_picks(const std::vector<int>& picked, const std::vector<int32_t>& next) {
-  // Log-probabilities only when a row of this call asks, at the largest top-N any of them asks.
-  int top_n = -1;
-  for (int s : picked) top_n = std::max(top_n, slots_[size_t(s)].req->req.logprobs);
-  Model::StepLogprobs lps;
-  if (top_n >= 0) {
-    try {
-      lps = m_.decode_logprobs(top_n);
-    } catch (const std::exception& e) {
-      return fail_all(picked, e);
-    }
-  }
-  for (size_t i = 0; i < picked.size(); ++i) {
-    Active& a = *slots_[size_t(picked[i])].req;
-    TokenLogprob lp;
-    const int want = a.req.logprobs;
-    if (want >= 0)
-      lp = token_logprob(lps.chosen[i], lps.top_ids.data() + i * size_t(top_n), lps.top.data() + i * size_t(top_n),
-                         want);
-    accept(a, next[i], want >= 0 ? &lp : nullptr);
-  }
 }
 
 void Generator::decode_calls(const std::vector<int>& rows) {
@@ -328,23 +319,8 @@ void Generator::decode_calls(const std::vector<int>& rows) {
   const size_t per_call = size_t(std::max<int64_t>(1, m_.max_tokens()));
   for (size_t from = 0; from < rows.size(); from += per_call) {
     const std::vector<int> part(rows.begin() + long(from), rows.begin() + long(std::min(rows.size(), from + per_call)));
-    std::vector<int32_t> tokens;  // [n] each row's last token, written at its next slot
-    std::vector<int64_t> at;      // [n]
-    for (int s : part) {
-      tokens.push_back(slots_[size_t(s)].req->pending);
-      at.push_back(int64_t(slots_[size_t(s)].cached.size()));
-    }
-    std::vector<int32_t> next;
-    try {
-      next = m_.decode(part, tokens, at);
-    } catch (const std::exception& e) {
-      fail_all(part, e);
-      continue;
-    }
-    ++stats_.model_calls;
-    stats_.decode_rows += int(part.size());
-    for (size_t i = 0; i < part.size(); ++i) slots_[size_t(part[i])].cached.push_back(tokens[i]);
-    take_picks(part, next);
+    launch_step(part, {});
+    drain();
   }
 }
 
@@ -367,24 +343,38 @@ std::vector<std::pair<int, int64_t>> Generator::plan_prefill(int64_t budget) con
   return chunks;
 }
 
-void Generator::forward_call(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks) {
+void Generator::launch_step(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks) {
   Batch b;
-  std::vector<int> rows, picked;  // every row of the call; those that get a token
+  std::vector<int> rows;       // every row of the call
+  std::vector<int32_t> feed;   // [rows] index into the last launched step's picks, or -1
+  Launched l;                  // the rows that get a pick, in pick order
+  Launched* last = launched_.empty() ? nullptr : &launched_.back();
   for (int s : decode) {
     const Slot& sl = slots_[size_t(s)];
-    b.rows.push_back(BatchRow{s, {sl.req->pending}, int64_t(sl.cached.size()), {}, false});
+    const Active& a = *sl.req;
+    int32_t from = -1;
+    if (a.awaiting) {
+      for (size_t i = 0; last && i < last->slots.size(); ++i)
+        if (last->slots[i] == s && last->ids[i] == a.out.id) from = int32_t(i);
+      if (from < 0) throw Error("generator: slot " + std::to_string(s) + " awaits a pick no launched step holds");
+    }
+    // `cached` ends with the token the last step wrote; this one goes right after it.
+    b.rows.push_back(BatchRow{s, {from >= 0 ? 0 : a.pending}, int64_t(sl.cached.size()), {}, false});
+    feed.push_back(from);
     rows.push_back(s);
-    picked.push_back(s);
+    l.slots.push_back(s);
+    l.ids.push_back(a.out.id);
   }
   for (auto [s, n] : chunks) {
     Active& a = *slots_[size_t(s)].req;
-    const auto from = a.req.prompt.begin() + long(a.prefilled);
+    const auto at = a.req.prompt.begin() + long(a.prefilled);
     const bool ends = a.prefilled + size_t(n) == a.req.prompt.size();
-    b.rows.push_back(BatchRow{s, std::vector<int32_t>(from, from + long(n)), int64_t(a.prefilled), {}, false, ends});
+    b.rows.push_back(BatchRow{s, std::vector<int32_t>(at, at + long(n)), int64_t(a.prefilled), {}, false, ends});
+    feed.push_back(-1);
     rows.push_back(s);
-    stats_.prefill_tokens += n;
     if (!ends) continue;
-    picked.push_back(s);
+    l.slots.push_back(s);
+    l.ids.push_back(a.out.id);
     // The first token is picked on the device like every later one: the row starts the request's
     // random stream with the prompt as the penalty's history (set even when greedy: the row may have
     // been left sampling by an earlier request).
@@ -394,21 +384,91 @@ void Generator::forward_call(const std::vector<int>& decode, const std::vector<s
       return fail_all(rows, e);
     }
   }
-  stats_.decode_rows += int(decode.size());
-  stats_.prefill_rows += int(chunks.size());
-  std::vector<int32_t> next;
+  l.consumed.assign(l.slots.size(), 0);
   try {
-    next = m_.forward_pick(b);
+    if (chunks.empty()) {
+      std::vector<int32_t> tokens;
+      std::vector<int64_t> at;
+      for (const BatchRow& r : b.rows) {
+        tokens.push_back(r.tokens[0]);
+        at.push_back(r.write_index);
+      }
+      m_.launch_decode(rows, tokens, at, feed);
+    } else {
+      m_.launch_forward(b, feed);
+    }
   } catch (const std::exception& e) {
     return fail_all(rows, e);
   }
   ++stats_.model_calls;
-  for (const BatchRow& r : b.rows) {
-    Slot& sl = slots_[size_t(r.row)];
-    sl.cached.insert(sl.cached.end(), r.tokens.begin(), r.tokens.end());
-    if (sl.req->pending < 0) sl.req->prefilled += r.tokens.size();
+  stats_.decode_rows += int(decode.size());
+  stats_.prefill_rows += int(chunks.size());
+  for (size_t r = 0; r < b.rows.size(); ++r) {
+    Slot& sl = slots_[size_t(b.rows[r].row)];
+    Active& a = *sl.req;
+    if (feed[r] >= 0) {
+      ++stats_.overlapped_rows;
+      last->consumed[size_t(feed[r])] = 1;  // its pick joins `cached` when the host reads it
+    } else {
+      sl.cached.insert(sl.cached.end(), b.rows[r].tokens.begin(), b.rows[r].tokens.end());
+    }
+    if (r < decode.size()) {
+      a.pending = -1;
+      a.awaiting = true;
+    } else {
+      a.prefilled += b.rows[r].tokens.size();
+      stats_.prefill_tokens += int64_t(b.rows[r].tokens.size());
+      if (b.rows[r].wants_output) a.awaiting = true;
+    }
   }
-  take_picks(picked, next);
+  bool logprobs = false;  // they read the logits this step leaves: nothing may launch before they are read
+  for (int s : l.slots) logprobs = logprobs || slots_[size_t(s)].req->req.logprobs >= 0;
+  launched_.push_back(std::move(l));
+  if (!overlap_ || logprobs) drain();
+  else if (launched_.size() > 1) finish_launched();  // the last step's picks, while this one runs
+}
+
+void Generator::finish_launched() {
+  Launched l = std::move(launched_.front());
+  launched_.pop_front();
+  std::vector<int> live;  // slots still running the request the row was launched for
+  int top_n = -1;         // log-probabilities at the largest top-N a live row asks (only a drained step has any)
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    const Active* a = slots_[size_t(l.slots[i])].req.get();
+    if (!a || a->out.id != l.ids[i]) continue;
+    live.push_back(l.slots[i]);
+    if (!a->done) top_n = std::max(top_n, a->req.logprobs);
+  }
+  std::vector<int32_t> next;
+  Model::StepLogprobs lps;
+  try {
+    next = m_.finish_launch();
+    if (top_n >= 0) lps = m_.decode_logprobs(top_n);
+  } catch (const std::exception& e) {
+    return fail_all(live, e);
+  }
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    Slot& sl = slots_[size_t(l.slots[i])];
+    Active* a = sl.req.get();
+    if (!a || a->out.id != l.ids[i]) continue;  // the request left the slot: its pick is dropped
+    if (l.consumed[i]) sl.cached.push_back(std::max(next[i], 0));  // what the later step wrote (kNoToken: 0)
+    if (a->done) continue;  // e.g. cancelled while its step ran
+    a->awaiting = false;
+    TokenLogprob lp;
+    const int want = a->req.logprobs;
+    if (want >= 0)
+      lp = token_logprob(lps.chosen[i], lps.top_ids.data() + i * size_t(top_n), lps.top.data() + i * size_t(top_n),
+                         want);
+    accept(*a, next[i], want >= 0 ? &lp : nullptr);
+    if (l.consumed[i] && !a->done) {  // its token is already fed; the later step picks the next one
+      a->pending = -1;
+      a->awaiting = true;
+    }
+  }
+}
+
+void Generator::drain() {
+  while (!launched_.empty()) finish_launched();
 }
 
 bool Generator::step() {
@@ -425,19 +485,25 @@ bool Generator::step() {
   };
   reap();
   admit();
-  // Decode rows and prompt chunks share one forward when there are chunks (the weights are read once);
-  // a step of decode rows alone takes the fixed-shape decode, graph-captured on CUDA.
+  // Decode rows and prompt chunks share one call (the weights are read once); decode rows alone take
+  // the fixed-shape decode, graph-captured on CUDA. With overlap the call is launched before the
+  // host reads the one before it.
   std::vector<int> decode = decoding_slots();
   const int64_t cap = m_.max_tokens();
   if (int64_t(decode.size()) >= cap) {  // the decode rows fill whole calls: prompts go in their own
-    decode_calls(decode);
+    drain();
+    decode_calls(decoding_slots());
     decode.clear();
   }
   const int64_t budget = opt_.prefill_budget > 0 ? std::min(opt_.prefill_budget, cap) : cap;
   const auto chunks = plan_prefill(std::min(budget, cap - int64_t(decode.size())));
-  if (!chunks.empty()) forward_call(decode, chunks);
-  else if (!decode.empty()) decode_calls(decode);
+  if (!decode.empty() || !chunks.empty()) launch_step(decode, chunks);
+  else drain();
   reap();
+  if (busy_ == 0 && !launched_.empty()) {  // nothing runs: what is outstanding is read now
+    drain();
+    reap();
+  }
   return !idle();
 }
 

@@ -13,6 +13,9 @@
 //    from the row's sampling state set to the request's settings;
 //  - without them, the decode rows go through Model::decode, the fixed-shape step that is
 //    graph-captured on CUDA.
+// With GeneratorOptions::overlap each step is launched before the host reads the step before it (its
+// decode rows fed that step's picks on the device), and the host then streams those picks while the
+// device runs: the device does not wait for detokenizing, stop strings and callbacks between steps.
 // Both entries run the same ops over per-row metadata, so a request's tokens do not depend on which
 // call carried them (tested on the CPU, bit for bit; on the GPU with --batch-invariant).
 //
@@ -119,6 +122,15 @@ struct Request {
 struct GeneratorOptions {
   // Prompt tokens computed per step over all prefilling slots; 0 = as many as one forward carries.
   int64_t prefill_budget = 0;
+  // Each step is launched before the host reads the last step's picks: its decode rows are fed those
+  // picks on the device (Model::launch_decode / launch_forward), and the host streams, detokenizes and
+  // checks stops for the last step while this one runs, so the device never waits for the host.
+  // Tokens then reach the callbacks one step later; a row that stopped costs one discarded row-step.
+  // A step with a row that asks for log-probabilities is read at once (it reads the logits the next
+  // step would overwrite). Auto: on where the backend runs ops asynchronously (not on the CPU
+  // backend, whose launch computes the step, so overlap would only delay each token by one step).
+  enum class Overlap { Auto, On, Off };
+  Overlap overlap = Overlap::Auto;
 };
 
 // What a slot holds now (for a server's /slots page and metrics).
@@ -136,6 +148,7 @@ struct StepStats {
   int prefill_rows = 0;
   int64_t prefill_tokens = 0;
   int model_calls = 0;  // forwards and decode steps run
+  int overlapped_rows = 0;  // decode rows launched before the host read their tokens (overlap)
 };
 
 class Generator {
@@ -180,18 +193,33 @@ class Generator {
   std::vector<int> decoding_slots() const;  // slots past their prompt, each with a token to feed
   // Prompt chunks for this step, oldest request first, at most `budget` tokens in all: (slot, tokens).
   std::vector<std::pair<int, int64_t>> plan_prefill(int64_t budget) const;
-  void decode_calls(const std::vector<int>& rows);  // Model::decode over these rows
-  // One Model::forward_pick over these decode rows and prompt chunks.
-  void forward_call(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks);
-  // The tokens picked for these slots (and their log-probabilities when asked), in order.
-  void take_picks(const std::vector<int>& picked, const std::vector<int32_t>& next);
+  // These decode rows in calls of the most tokens a forward carries, each read back at once.
+  void decode_calls(const std::vector<int>& rows);
+  // One call over these decode rows and prompt chunks (Model::launch_decode without chunks, else
+  // launch_forward). A decode row that awaits the last launched step's pick is fed it on the device.
+  // Then, with overlap, the host reads the step launched before this one while this one runs;
+  // without it (or when a row asks for log-probabilities) every launched step is read now.
+  void launch_step(const std::vector<int>& decode, const std::vector<std::pair<int, int64_t>>& chunks);
+  // Reads the oldest launched step's picks (and log-probabilities, when its rows ask) and hands them to
+  // the requests still in their slots.
+  void finish_launched();
+  void drain();  // finish_launched until no step is outstanding
   // A generated token for a's request; stops it when due. index = how many came before.
   void accept(Active& a, int32_t tok, TokenLogprob* lp = nullptr);
   void finish(Active& a, StopReason why, const std::string& error = {});
   void fail_all(const std::vector<int>& slots, const std::exception& e);
 
+  // A step launched and not yet read: the slot and request of each row that gets a pick, in pick
+  // order, and whether the step launched after it took the pick as its token (its K/V is then cached).
+  struct Launched {
+    std::vector<int> slots;
+    std::vector<RequestId> ids;
+    std::vector<char> consumed;
+  };
   Model& m_;
   GeneratorOptions opt_;
+  bool overlap_ = false;  // opt_.overlap resolved for the model's backend
+  std::deque<Launched> launched_;  // oldest first, at most two
   std::vector<Slot> slots_;
   std::deque<std::unique_ptr<Active>> queue_;
   int busy_ = 0;

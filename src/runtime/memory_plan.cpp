@@ -107,7 +107,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   w.token_meta = z.mul({T, int64_t(sizeof(int32_t))});
   w.gathered = z.mul({L, s.hidden, as});
   w.logits = z.mul({L, s.vocab, as});
-  w.next_tokens = z.mul({2, B, int64_t(sizeof(int32_t))});
+  w.next_tokens = z.mul({3, B, int64_t(sizeof(int32_t))});  // picks, their cache rows, the launches' feed
   w.sample_params = z.mul({B, int64_t(sizeof(SampleParams))});
   w.sample_step = z.mul({B, int64_t(sizeof(uint32_t))});
   w.sample_seen = z.mul({B, s.vocab});

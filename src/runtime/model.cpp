@@ -69,6 +69,7 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(gathered_, w.gathered);
   ws(logits_, w.logits);
   ws(next_tokens_, w.next_tokens);
+  for (auto& r : readbacks_) r = be_.make_readback(size_t(opt_.max_batch) * sizeof(int32_t));
   ws(sample_params_, w.sample_params);
   ws(sample_step_, w.sample_step);
   ws(sample_seen_, w.sample_seen);
@@ -223,6 +224,7 @@ Model::StepLogprobs Model::decode_logprobs(int top_n) {
                 std::to_string(sampling::kMaxTopLogprobs) + "]");
   const int64_t n = last_decode_rows_;
   if (n < 1) throw Error("decode_logprobs: no decode step ran since the logits workspace was last written");
+  if (!launched_.empty()) throw Error("decode_logprobs: a launched step is not finished (its logits are not this step's)");
   const int64_t L = opt_.max_logit_rows;
   float* chosen = logprobs_out_.as<float>();
   int32_t* ids = logprobs_out_.as<int32_t>() + L;
@@ -271,41 +273,100 @@ void Model::decode_body(int64_t n, bool sampled) {
   pick(n, row_.as<int32_t>(), sampled);  // one token per row: the token's cache row is the state row
 }
 
+void Model::feed_tokens(const Batch& batch, const std::vector<int32_t>& feed) {
+  if (feed.empty()) return;
+  if (feed.size() != batch.rows.size()) throw Error("launch: need one feed index per row, or none");
+  std::vector<int32_t> from;  // [up to the last fed token] the pick each token of the call takes, or -1
+  size_t token = 0;           // the row's first token in the call (token-major)
+  for (size_t r = 0; r < feed.size(); token += batch.rows[r].tokens.size(), ++r) {
+    if (feed[r] < 0) continue;
+    if (feed[r] >= picks_rows_)
+      throw Error("launch: feed index " + std::to_string(feed[r]) + " is outside the previous step's " +
+                  std::to_string(picks_rows_) + " picks");
+    if (batch.rows[r].tokens.size() != 1) throw Error("launch: a fed row carries one token");
+    if (token >= size_t(opt_.max_batch))
+      throw Error("launch: a fed row's token sits at " + std::to_string(token) + " in the call, past the first " +
+                  std::to_string(opt_.max_batch) + " (put the fed rows first)");
+    from.resize(token + 1, -1);
+    from[token] = feed[r];
+  }
+  if (from.empty()) return;
+  int32_t* dev = next_tokens_.as<int32_t>() + 2 * opt_.max_batch;  // [max_batch]
+  be_.upload(dev, from.data(), from.size() * sizeof(int32_t));
+  be_.feed_picks(next_tokens_.as<int32_t>(), dev, int64_t(from.size()), ids_.as<int32_t>());
+}
+
+void Model::launch_readback(int64_t n) {
+  last_decode_rows_ = n;
+  picks_rows_ = n;
+  Readback* rb = readbacks_[next_readback_].get();
+  next_readback_ ^= 1;
+  rb->start(next_tokens_.get(), size_t(n) * sizeof(int32_t));
+  launched_.emplace_back(rb, n);
+}
+
+std::vector<int32_t> Model::finish_launch() {
+  if (launched_.empty()) throw Error("finish_launch: no launched step");
+  auto [rb, n] = launched_.front();
+  launched_.pop_front();
+  const int32_t* p = static_cast<const int32_t*>(rb->wait());
+  return std::vector<int32_t>(p, p + n);
+}
+
 std::vector<int32_t> Model::forward_pick(const Batch& batch) {
+  if (!launched_.empty()) throw Error("forward_pick: a launched step was not finished (finish_launch)");
+  launch_forward(batch);
+  return finish_launch();
+}
+
+void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed) {
   for (size_t r = 0; r < batch.rows.size(); ++r)
     if (batch.rows[r].all_logits)
       throw Error("forward_pick: row " + std::to_string(r) + " asks for every token's logits; a pick takes only the last");
+  if (launched_.size() >= 2) throw Error("launch: two launched steps are not finished yet");
   Prepared p = prepare(batch);
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
   const int64_t T = int64_t(p.ids.size()), n = int64_t(p.out_idx.size());
   upload_meta(p);
+  feed_tokens(batch, feed);
   if (n > 0) be_.upload(next_tokens_.as<int32_t>() + opt_.max_batch, p.out_row.data(), p.out_row.size() * sizeof(int32_t));
   advance_lengths(batch);
   run_decoder(T, p.max_kv_len, p.rows);
-  if (n == 0) return {};
-  const DType adt = be_.activation_dtype();
-  Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
-  be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
-  lm_head(be_, weights_, g, mat(logits_.get(), adt, n, spec_.vocab));
-  const std::vector<int> rows(p.out_row.begin(), p.out_row.end());
-  pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, any_sampled(rows));
-  last_decode_rows_ = n;
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));
-  return out;
+  if (n > 0) {
+    const DType adt = be_.activation_dtype();
+    Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
+    be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
+    lm_head(be_, weights_, g, mat(logits_.get(), adt, n, spec_.vocab));
+    const std::vector<int> rows(p.out_row.begin(), p.out_row.end());
+    pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, any_sampled(rows));
+  }
+  launch_readback(n);
 }
 
 std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                                    const std::vector<int64_t>& write_index) {
-  last_decode_rows_ = 0;  // until this step's picks are in
+  if (!launched_.empty()) throw Error("decode: a launched step was not finished (finish_launch)");
+  launch_decode(rows, tokens, write_index);
+  return finish_launch();
+}
+
+void Model::launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                          const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed) {
   const int64_t n = int64_t(tokens.size());
   if (n < 1 || int64_t(write_index.size()) != n || int64_t(rows.size()) != n)
     throw Error("decode: need one cache row and one write index per token, and at least one row");
   if (n > opt_.max_logit_rows)
     throw Error("decode: " + std::to_string(n) + " rows exceed the logits workspace of " + std::to_string(opt_.max_logit_rows));
+  if (launched_.size() >= 2) throw Error("launch: two launched steps are not finished yet");
+  if (!feed.empty() && int64_t(feed.size()) != n) throw Error("launch: need one feed index per row, or none");
   Batch b;
-  for (int64_t r = 0; r < n; ++r) b.rows.push_back(BatchRow{rows[size_t(r)], {tokens[size_t(r)]}, write_index[size_t(r)], {}, false});
+  for (int64_t r = 0; r < n; ++r) {
+    // A fed row's token is on the device; 0 stands in for it in the host's checks and upload.
+    const int32_t tok = !feed.empty() && feed[size_t(r)] >= 0 ? 0 : tokens[size_t(r)];
+    b.rows.push_back(BatchRow{rows[size_t(r)], {tok}, write_index[size_t(r)], {}, false});
+  }
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
+  feed_tokens(b, feed);
   advance_lengths(b);
   const bool sampled = any_sampled(rows);
   if (opt_.use_graphs) {
@@ -320,10 +381,7 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
   } else {
     decode_body(n, sampled);
   }
-  last_decode_rows_ = n;
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  be_.download(out.data(), next_tokens_.get(), out.size() * sizeof(int32_t));
-  return out;
+  launch_readback(n);
 }
 
 HostTensor Model::forward(const Batch& batch) {

@@ -4,6 +4,7 @@
 // places, sizes and schedules.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -68,6 +69,20 @@ class Model {
   std::vector<int32_t> decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                               const std::vector<int64_t>& write_index);
 
+  // decode() and forward_pick() in two halves, so the host can work while a step runs on the device.
+  // launch_decode / launch_forward validate and queue the step and the read-back of its picks, and
+  // return at once; finish_launch returns the picks of the oldest launched step not yet finished,
+  // waiting for that step only. A row with feed[i] >= 0 (one token; for launch_forward the fed rows
+  // come first) takes as its token the pick at that index of the previous launched step, which the
+  // host has not seen: tokens[i] is then ignored, and a pick that is not a token (sampling::kNoToken)
+  // is fed as token 0 (the caller drops that row's result). At most two steps are outstanding;
+  // decode_logprobs needs none. decode() and forward_pick() are a launch and its finish.
+  void launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                     const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed = {});
+  void launch_forward(const Batch& batch, const std::vector<int32_t>& feed = {});
+  std::vector<int32_t> finish_launch();
+  int outstanding() const { return int(launched_.size()); }
+
   // How decode() picks cache row `row`'s next tokens from now on: the settings, the tokens the
   // repetition penalty applies to (the prompt and what was generated so far), the draws already
   // taken from the seed's stream (a host Sampler's draws(), when it picked the first token) and the
@@ -106,6 +121,10 @@ class Model {
   void run_decoder(int64_t T, int max_kv_len, int rows);  // ids_ [T] -> h_ [T, hidden]
   void upload_meta(const Prepared& p);
   void advance_lengths(const Batch& batch);  // the State's row lengths after a forward wrote the batch
+  // Checks a launch's feed against the batch (fed rows first, one token each) and queues the feed_picks
+  // op that writes their tokens into ids_ (uploaded by upload_meta, placeholders for fed rows).
+  void feed_tokens(const Batch& batch, const std::vector<int32_t>& feed);
+  void launch_readback(int64_t n);  // queues the read-back of this step's n picks
   void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
   // next_tokens_[i] = the pick from logits_ row i (of n) for cache row rows[i] (backend memory)
   void pick(int64_t n, const int32_t* rows, bool sampled);
@@ -130,7 +149,8 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
-  Buffer next_tokens_;  // [2, max_batch] int32: a step's picks, then (forward_pick) their cache rows
+  // [3, max_batch] int32: a step's picks; (forward_pick) their cache rows; (launch_*) the feed
+  Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
   Buffer sample_params_;  // [max_batch] SampleParams
   Buffer sample_step_;    // [max_batch] uint32
@@ -138,8 +158,13 @@ class Model {
   Buffer sample_counts_;  // [max_batch, vocab] int32
   Buffer logprobs_out_;   // [max_logit_rows] f32 chosen, [max_logit_rows, 20] int32 ids, [max_logit_rows, 20] f32
   int64_t last_decode_rows_ = 0;  // rows of the last decode(), whose logits the workspace still holds
+  int64_t picks_rows_ = 0;        // picks next_tokens_ holds (or will, once the launched steps run)
   std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
+  // Launched decode steps whose picks are not yet read: the read-back each uses and its row count.
+  std::unique_ptr<Readback> readbacks_[2];
+  int next_readback_ = 0;
+  std::deque<std::pair<Readback*, int64_t>> launched_;
   float rope_scale_ = 1.0f;
 };
 

@@ -276,6 +276,10 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (from[i] >= 0) ids[i] = std::max(picks[from[i]], 0);
+  }
   void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
     const size_t es = dtype_size(src.dtype);
     for (int64_t i = 0; i < dst.rows; ++i)

@@ -48,6 +48,33 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
+// A step's picks read back into pinned memory behind an event, so waiting for them does not wait for
+// the steps queued after them.
+class CudaReadback final : public Readback {
+ public:
+  CudaReadback(size_t max_bytes, cudaStream_t s) : max_(max_bytes), stream_(s) {
+    check(cudaMallocHost(&host_, std::max<size_t>(max_bytes, 1)), "cudaMallocHost");
+  }
+  ~CudaReadback() override { cudaFreeHost(host_); }
+  CudaReadback(const CudaReadback&) = delete;
+  CudaReadback& operator=(const CudaReadback&) = delete;
+  void start(const void* src, size_t bytes) override {
+    if (bytes > max_) throw Error("readback: " + std::to_string(bytes) + " bytes exceed its " + std::to_string(max_));
+    check(cudaMemcpyAsync(host_, src, bytes, cudaMemcpyDeviceToHost, stream_), "readback");
+    check(cudaEventRecord(done_.get(), stream_), "cudaEventRecord");
+  }
+  const void* wait() override {
+    check(cudaEventSynchronize(done_.get()), "cudaEventSynchronize");
+    return host_;
+  }
+
+ private:
+  void* host_ = nullptr;
+  size_t max_;
+  cudaStream_t stream_;
+  Event done_;
+};
+
 class CudaGraph final : public Graph {
  public:
   CudaGraph(cudaGraph_t g, cudaStream_t s) : graph_(g), stream_(s) {
@@ -424,6 +451,12 @@ class CudaBackend final : public Backend {
   }
   void gather_rows(const Mat& src, const int32_t* idx, const Mat& dst) override {
     launch_gather_rows(src, idx, dst, stream_->get());
+  }
+  void feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids) override {
+    launch_feed_picks(picks, from, n, ids, stream_->get());
+  }
+  std::unique_ptr<Readback> make_readback(size_t max_bytes) override {
+    return std::make_unique<CudaReadback>(max_bytes, stream_->get());
   }
   void argmax(const Mat& logits, int32_t* out) override {
     auto _ = prof_.scope([&] { return "argmax " + shape(logits); }, stream_->get());

@@ -125,6 +125,7 @@ bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
 void launch_sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
+void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // The sample op (sample.cu): one block per row, state in st's buffers, no scratch.
 void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s);

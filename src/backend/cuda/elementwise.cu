@@ -86,6 +86,21 @@ __global__ void gather_rows_kernel(GatherArgs a) {
   for (int64_t i = threadIdx.x; i < a.row_bytes; i += blockDim.x) d[i] = s[i];
 }
 
+struct FeedPicksArgs {
+  const int32_t* picks;  // [previous step's rows] its picks
+  const int32_t* from;   // [n] index into picks, or -1: keep ids[i]
+  int32_t* ids;          // [n] this step's input tokens
+  int64_t n;
+};
+
+__global__ void feed_picks_kernel(FeedPicksArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n || a.from[i] < 0) return;
+  a.ids[i] = max(a.picks[a.from[i]], 0);  // kNoToken (-1) feeds token 0; its request stops on the host
+}
+
 struct BiasArgs {
   void* y;
   int64_t y_ld, cols, rows;
@@ -240,6 +255,12 @@ void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cuda
   GatherArgs a{static_cast<const uint8_t*>(src.data), src.ld * es, idx, static_cast<uint8_t*>(dst.data), dst.ld * es,
                src.cols * es};
   launch("gather_rows_kernel", gather_rows_kernel, dim3(unsigned(dst.rows)), dim3(256), 0, s, a);
+}
+
+void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids, cudaStream_t s) {
+  if (n == 0) return;
+  FeedPicksArgs a{picks, from, ids, n};
+  launch("feed_picks_kernel", feed_picks_kernel, dim3(grid_for(n, 256)), dim3(256), 0, s, a);
 }
 
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
