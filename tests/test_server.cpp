@@ -537,6 +537,8 @@ TEST(Server, DisconnectFreesTheSlotAndMetricsCount) {
   EXPECT_EQ(moved("ingot_step_decode_rows_total{kind=\"decode\"}"), 2) << m3;
   EXPECT_GT(moved("ingot_step_seconds_sum{kind=\"decode\"}"), 0) << m3;
   EXPECT_NE(m3.find("\ningot_scheduler_overhead_seconds_total "), std::string::npos) << m3;
+  EXPECT_GT(moved("ingot_step_launch_seconds_total{kind=\"decode\"}"), 0) << m3;  // the CPU computes in the launch
+  EXPECT_NE(m3.find("\ningot_step_device_wait_seconds_total{kind=\"decode\"} "), std::string::npos) << m3;
 }
 
 // Log-probabilities in OpenAI's shapes, whole and streamed: one entry per generated token, the

@@ -385,6 +385,7 @@ void Generator::launch_step(const std::vector<int>& decode, const std::vector<st
     }
   }
   l.consumed.assign(l.slots.size(), 0);
+  const auto t_launch = Clock::now();
   try {
     if (chunks.empty()) {
       std::vector<int32_t> tokens;
@@ -400,6 +401,7 @@ void Generator::launch_step(const std::vector<int>& decode, const std::vector<st
   } catch (const std::exception& e) {
     return fail_all(rows, e);
   }
+  stats_.launch_s += secs(t_launch, Clock::now());
   ++stats_.model_calls;
   stats_.decode_rows += int(decode.size());
   stats_.prefill_rows += int(chunks.size());
@@ -442,7 +444,9 @@ void Generator::finish_launched() {
   std::vector<int32_t> next;
   Model::StepLogprobs lps;
   try {
+    const auto t_wait = Clock::now();
     next = m_.finish_launch();
+    stats_.wait_s += secs(t_wait, Clock::now());
     if (top_n >= 0) lps = m_.decode_logprobs(top_n);
   } catch (const std::exception& e) {
     return fail_all(live, e);

@@ -149,6 +149,9 @@ struct StepStats {
   int64_t prefill_tokens = 0;
   int model_calls = 0;  // forwards and decode steps run
   int overlapped_rows = 0;  // decode rows launched before the host read their tokens (overlap)
+  // Host time inside the model's launch calls (validating, uploading, queueing; on a backend that
+  // computes in the caller, the compute too) and waiting for launched steps' picks.
+  double launch_s = 0, wait_s = 0;
 };
 
 class Generator {

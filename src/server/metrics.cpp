@@ -75,7 +75,8 @@ void Metrics::count_finished(const std::string& reason, int64_t prompt, int64_t 
   if (generated > 1) tpot_.observe(decode_s / double(generated - 1));
 }
 
-void Metrics::count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens) {
+void Metrics::count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens,
+                         double launch_s, double wait_s) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = steps_.find(kind);
   if (it == steps_.end())  // a GPU decode step takes milliseconds, a CPU one or a long prompt's seconds
@@ -84,6 +85,8 @@ void Metrics::count_step(const std::string& kind, double seconds, int64_t decode
   it->second.seconds.observe(seconds);
   it->second.decode_rows += uint64_t(decode_rows);
   it->second.prompt_tokens += uint64_t(prompt_tokens);
+  it->second.launch_s += launch_s;
+  it->second.wait_s += wait_s;
 }
 
 void Metrics::count_scheduler_overhead(double seconds) {
@@ -122,6 +125,15 @@ std::string Metrics::render(const LoadGauges& g) const {
          "# TYPE ingot_step_prompt_tokens_total counter\n";
   for (const auto& [kind, k] : steps_)
     out += "ingot_step_prompt_tokens_total{kind=\"" + kind + "\"} " + std::to_string(k.prompt_tokens) + "\n";
+  // Wall time less launch less wait is the host's own work in the step (streaming, stops, bookkeeping):
+  // when the wait is near zero the host, not the device, sets the pace.
+  out += "# HELP ingot_step_launch_seconds_total step time spent in the model's launch calls, by kind\n"
+         "# TYPE ingot_step_launch_seconds_total counter\n";
+  for (const auto& [kind, k] : steps_) out += "ingot_step_launch_seconds_total{kind=\"" + kind + "\"} " + num(k.launch_s) + "\n";
+  out += "# HELP ingot_step_device_wait_seconds_total step time spent waiting for the device's picks, by kind\n"
+         "# TYPE ingot_step_device_wait_seconds_total counter\n";
+  for (const auto& [kind, k] : steps_)
+    out += "ingot_step_device_wait_seconds_total{kind=\"" + kind + "\"} " + num(k.wait_s) + "\n";
   out += "# HELP ingot_scheduler_overhead_seconds_total scheduler thread time between steps\n"
          "# TYPE ingot_scheduler_overhead_seconds_total counter\n"
          "ingot_scheduler_overhead_seconds_total " + num(scheduler_overhead_s_) + "\n";

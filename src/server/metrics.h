@@ -46,7 +46,10 @@ class Metrics {
   // rows and prompt chunks, "prefill" prompt chunks only), wall time (host work included), decode rows
   // and prompt tokens. How a server's time splits between steps that mix prompts in and those that do
   // not is what its throughput against `ingot bench` comes down to.
-  void count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens);
+  // One generator step of this kind (decode | mixed | prefill): its wall time, of which launch_s in
+  // the model's launch calls and wait_s waiting for the device (StepStats).
+  void count_step(const std::string& kind, double seconds, int64_t decode_rows, int64_t prompt_tokens,
+                  double launch_s = 0, double wait_s = 0);
   // Time the scheduler thread spent between steps (taking requests in, publishing the gauges).
   void count_scheduler_overhead(double seconds);
   std::string render(const LoadGauges& g) const;
@@ -61,6 +64,7 @@ class Metrics {
   struct StepKind {
     Histogram seconds;
     uint64_t decode_rows = 0, prompt_tokens = 0;
+    double launch_s = 0, wait_s = 0;
   };
   std::map<std::string, StepKind> steps_;
   double scheduler_overhead_s_ = 0;

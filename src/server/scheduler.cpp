@@ -152,7 +152,7 @@ void Scheduler::loop() {
         const StepStats& st = gen_.last_step();
         if (st.model_calls > 0) {
           const char* kind = st.prefill_rows == 0 ? "decode" : st.decode_rows == 0 ? "prefill" : "mixed";
-          metrics_.count_step(kind, seconds(t0, Clock::now()), st.decode_rows, st.prefill_tokens);
+          metrics_.count_step(kind, seconds(t0, Clock::now()), st.decode_rows, st.prefill_tokens, st.launch_s, st.wait_s);
         }
       } catch (const std::exception& e) {
         // step() fails requests, not itself, on a model error; what escapes it (out of memory in the
