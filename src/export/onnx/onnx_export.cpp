@@ -148,7 +148,7 @@ class DecoderGraph {
   // flag: query at slot p sees key slot j iff j <= p, j < write_index + S and, on a sliding layer,
   // j > p - window. One mask per distinct window.
   void masks() {
-    std::vector<int64_t> slots(size_t(cap_));
+    std::vector<int64_t> slots(static_cast<size_t>(cap_), 0);
     for (int64_t j = 0; j < cap_; ++j) slots[size_t(j)] = j;
     const std::string key = g_.const_i64(slots, "key_slots");  // [C]
     const std::string p4 = g_.op("Unsqueeze", {pos_, g_.const_i64({1, 3}, "axes")}, {}, "q_slot");  // [B,1,S,1]
