@@ -169,7 +169,7 @@ def main():
         for fix in FIXTURES:
             for target in ("onnxruntime", "tensorrt"):
                 for layout in ("heads_first", "flattened"):
-                    for dtype in (("fp32", "fp16", "bf16") if target == "onnxruntime" else ("fp32",)):
+                    for dtype in (("fp32", "fp16", "bf16") if target == "onnxruntime" else ("fp32", "fp16")):
                         out = os.path.join(tmp, f"{fix}-{target}-{layout}-{dtype}")
                         mdir = os.path.join(REPO, "tests/data/models", fix)
                         subprocess.run([a.ingot, "export", "--format", "onnx", "--model", mdir, "-o", out, "--dtype",

@@ -166,7 +166,7 @@ function tolerances(dtype, refLogits) {
 
 async function checkOne(dir, refFile) {
   const contract = JSON.parse(fs.readFileSync(path.join(dir, 'ingot_export.json'), 'utf8'));
-  const session = await ort.InferenceSession.create(path.join(dir, contract.model), { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+  const session = await ort.InferenceSession.create(path.join(dir, contract.model), { executionProviders: ['cpu'], intraOpNumThreads: 1, logSeverityLevel: 3 });
   const ex = new Export(dir, session, contract);
   const ref = readSafetensors(refFile);
   const [N, S] = ref.input_ids.shape, V = contract.vocab_size;

@@ -11,6 +11,8 @@
 #include <map>
 #include <system_error>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -299,6 +301,11 @@ class TempDir {
     if (!mkdtemp(tmpl.data()))
       throw Error("export: cannot write in folder " + parent.string() + ": " + std::strerror(errno));
     path_ = tmpl;
+    // mkdtemp makes the folder 0700; the export is an ordinary output folder, so it gets the umask's
+    // permissions like any other.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    fs::permissions(path_, fs::perms(0777 & ~mask));
   }
   ~TempDir() {
     if (!path_.empty()) {
