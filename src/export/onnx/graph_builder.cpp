@@ -81,7 +81,7 @@ std::string GraphBuilder::weight(const std::string& name, DType dtype, const std
   uint64_t bytes = dtype_size(dtype);
   for (int64_t d : shape) bytes *= uint64_t(d);
   const uint64_t pad = (kAlign - data_offset_ % kAlign) % kAlign;
-  static const char zeros[kAlign] = {};
+  const char zeros[kAlign] = {};
   data_.write(zeros, std::streamsize(pad));
   data_offset_ += pad;
   data_.write(static_cast<const char*>(data), std::streamsize(bytes));

@@ -297,7 +297,10 @@ class TempDir {
  public:
   explicit TempDir(const fs::path& out) {
     const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-    std::string tmpl = (parent / ("." + out.filename().string() + ".tmp-XXXXXX")).string();
+    std::string name = ".";  // built by appends: GCC 12 warns falsely (-Wrestrict) on "." + string
+    name += out.filename().string();
+    name += ".tmp-XXXXXX";
+    std::string tmpl = (parent / name).string();
     if (!mkdtemp(tmpl.data()))
       throw Error("export: cannot write in folder " + parent.string() + ": " + std::strerror(errno));
     path_ = tmpl;
@@ -434,6 +437,10 @@ ExportResult export_onnx(const std::string& model_dir, const std::string& out_di
   ExportResult r;
   r.spec = check_export(model_dir, out_dir, o);
   r.capacity = o.capacity ? o.capacity : default_capacity(r.spec);
+  if (r.capacity > r.spec.max_position)
+    std::fprintf(stderr, "warning: --capacity %lld exceeds the model's max_position_embeddings %lld: positions "
+                 "beyond it were not trained, output there degrades\n",
+                 (long long)r.capacity, (long long)r.spec.max_position);
   r.out_dir = out_dir;
   TempDir tmp{fs::path(out_dir)};
   BuildOptions bo;
