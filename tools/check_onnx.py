@@ -2,7 +2,8 @@
 """Runs ingot's ONNX exports in the Python onnxruntime (CUDA execution provider when the installed build has
 it, else CPU) over the transformers references of the fixtures, with the same cases and tolerances as
 tests/onnx/check.mjs (the CI's check in onnxruntime-node): full prefill, token-by-token decode, random chunk
-splits, rows at different write indices in one call, and unwritten cache slots keeping their bytes.
+splits, rows at different write indices in one call, and unwritten cache slots keeping their bytes (the
+greedy-generation case is check.mjs's only).
 
   python3 tools/check_onnx.py --ingot build-gpu/bin/ingot [--provider cuda|cpu] [--out FILE.json]
 
@@ -19,7 +20,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = ("llama3", "qwen2", "qwen3", "qwen3_swa")
+MODELS = ("tests/data/models/llama3", "tests/data/models/qwen2", "tests/data/models/qwen3",
+          "tests/data/models/qwen3_swa", "models/demo")
 
 
 def need(mod):
@@ -121,7 +123,7 @@ def check(export_dir, ref_path, providers):
         w += n
     cases["chunks"] = j.result()
     k = 4
-    offs = [[0, 5, 11, S - k][r % 4] for r in range(N)]
+    offs = [S - k] if N == 1 else [round(r * (S - k) / (N - 1)) for r in range(N)]
     caches = {n: rng.uniform(-4, 4, [N] + shape[1:]).astype(cdt) for n in names}
     for r, w in enumerate(offs):
         if w:
@@ -166,12 +168,13 @@ def main():
     print(f"onnxruntime {ort.__version__}, providers {providers}")
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for fix in FIXTURES:
+        for model in MODELS:
+            fix = os.path.basename(model)
             for target in ("onnxruntime", "tensorrt"):
                 for layout in ("heads_first", "flattened"):
                     for dtype in (("fp32", "fp16", "bf16") if target == "onnxruntime" else ("fp32", "fp16")):
                         out = os.path.join(tmp, f"{fix}-{target}-{layout}-{dtype}")
-                        mdir = os.path.join(REPO, "tests/data/models", fix)
+                        mdir = os.path.join(REPO, model)
                         subprocess.run([a.ingot, "export", "--format", "onnx", "--model", mdir, "-o", out, "--dtype",
                                         dtype, "--layout", layout, "--target", target, "--capacity", "32"],
                                        check=True, stdout=subprocess.DEVNULL)

@@ -1,7 +1,7 @@
 // Runs ingot's ONNX exports in ONNX Runtime (the onnxruntime-node package, CPU) over the transformers
 // reference of their checkpoint (docs/reference-format.md) and judges them as `ingot check` judges the
 // engine: full prefill, token-by-token decode at write indices, random chunk splits, rows at different
-// write indices in one call; and checks that every cache slot a call does not write keeps its bytes.
+// write indices in one call, greedy generation; and checks that every cache slot a call does not write keeps its bytes.
 //
 //   node check.mjs EXPORT_DIR=REFERENCE.safetensors ...      (ORT_MODULE: path of onnxruntime-node)
 //
@@ -214,7 +214,8 @@ async function checkOne(dir, refFile) {
   {
     const j = judge('mixed');
     const k = 4;
-    const offsets = [...Array(N)].map((_, r) => [0, 5, 11, S - k][r % 4]);
+    // Spread over [0, S - k] (0, 7, 13, 20 for the fixtures' 4 rows of 24); a single row starts late.
+    const offsets = [...Array(N)].map((_, r) => (N === 1 ? S - k : Math.round((r * (S - k)) / (N - 1))));
     const caches = ex.newCache(N);
     const rand = rng(99);
     for (const data of Object.values(caches))
@@ -247,8 +248,44 @@ async function checkOne(dir, refFile) {
           ++keptSlots;
         }
   }
+  // Greedy generation through the graph (prefill the prompt, then one decode call per token, the pick
+  // fed back), against the reference's greedy continuation. f32: every token must agree. 16-bit: tokens
+  // must agree up to the first step whose reference top-2 margin (greedy_margin) is below the bound,
+  // since the two runs see the same tokens only until then; without margins they are reported only.
+  let greedy = null;
+  if (ref.greedy_ids && ref.greedy_prompt_len) {
+    const P = Number(ref.greedy_prompt_len.data[0]), T = ref.greedy_ids.shape[1], G = T - P;
+    const gid = (r, t) => Number(ref.greedy_ids.data[r * T + t]);
+    if (P + G - 1 > contract.cache.capacity) throw new Error(`greedy case needs ${P + G - 1} slots, capacity ${contract.cache.capacity}`);
+    const prompts = [...Array(N)].map((_, r) => [...Array(P)].map((_, t) => gid(r, t)));
+    let { logits, present: caches } = await ex.run(prompts, Array(N).fill(0), ex.newCache(N));
+    const ours = [...Array(N)].map(() => []);
+    let last = [...Array(N)].map((_, r) => argmax(logits, (r * P + P - 1) * V, V));
+    for (let g = 0; g < G; ++g) {
+      last.forEach((t, r) => ours[r].push(t));
+      if (g === G - 1) break;
+      const out = await ex.run(last.map((t) => [t]), Array(N).fill(P + g), caches);
+      caches = out.present;
+      last = [...Array(N)].map((_, r) => argmax(out.logits, r * V, V));
+    }
+    let same = 0, judged = 0, wrong = 0;
+    for (let r = 0; r < N; ++r) {
+      let fragileFrom = G;
+      if (!tol.allTokens && ref.greedy_margin) {
+        for (let g = 0; g < G; ++g) if (ref.greedy_margin.data[r * G + g] < tol.tie) { fragileFrom = g; break; }
+      } else if (!tol.allTokens) fragileFrom = 0;  // nothing tells a fragile step: report only
+      let diverged = false;
+      for (let g = 0; g < G; ++g) {
+        const eq = ours[r][g] === gid(r, P + g);
+        if (!diverged) same += eq;
+        if (!diverged && g < fragileFrom) { ++judged; if (!eq) ++wrong; }
+        if (!eq) diverged = true;
+      }
+    }
+    greedy = { same, total: N * G, judged, ok: wrong === 0 };
+  }
   await session.release?.();
-  return { dir, contract, tol, cases, kept, keptSlots };
+  return { dir, contract, tol, cases, kept, keptSlots, greedy };
 }
 
 const pairs = process.argv.slice(2);
@@ -278,6 +315,11 @@ for (const p of pairs) {
     ok = ok && j.ok;
   }
   console.log(`${path.basename(dir)} | unwritten slots keep their bytes | ${res.keptSlots} slots | ${res.kept ? 'ok' : 'FAIL'}`);
+  if (res.greedy) {
+    console.log(`${path.basename(dir)} | greedy | tokens equal until the first difference ${res.greedy.same}/${res.greedy.total}, ` +
+      `${res.greedy.judged} judged | ${res.greedy.ok ? 'ok' : 'FAIL'}`);
+    ok = ok && res.greedy.ok;
+  }
   if (!ok) ++failed;
   summary.push({ name: path.basename(dir), c: res.contract, worst, agree, total, ok });
 }
