@@ -24,7 +24,7 @@ void add_export(CLI::App& app) {
   cmd->add_option("-o,--output", a->output, "export folder to write (model.onnx, model.onnx.data, ingot_export.json)")
       ->required();
   cmd->add_flag("--force", a->force, "replace an earlier export in that folder (never any other folder)");
-  cmd->add_option("--dtype", a->dtype, "weight and cache dtype: fp32, fp16 or bf16 (default: the checkpoint's)")
+  cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's); the cache is fp16 for fp16, else fp32")
       ->check(dtype_names());
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
