@@ -42,5 +42,6 @@ void add_eval(CLI::App& app);  // eval-logits
 void add_build(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_export(CLI::App& app);  // export --format onnx
 
 }  // namespace ingot::cli

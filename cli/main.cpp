@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   ingot::cli::add_build(app);
   ingot::cli::add_inspect(app);
   ingot::cli::add_serve(app);
+  ingot::cli::add_export(app);
   ingot::cli::add_help(app);
   // Every failure ends here as one line and exit 1, whatever threw it.
   try {
