@@ -204,9 +204,7 @@ struct LtPlan {
 
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 constexpr int kTuneCandidates = 8;    // heuristic results timed for large products
-// Products with at least this many rows are timed: a server's mixed steps (its decode rows plus an
-// arriving prompt) sit at 100-300 rows, where the first choice was not checked either.
-constexpr int64_t kTuneRows = 128;
+constexpr int64_t kTuneRows = 256;    // products with at least this many rows are timed
 constexpr float kTuneMargin = 1.2f;   // an alternative must be this much faster than the first choice
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
 constexpr size_t kAttnCounters = size_t(1) << 20;
