@@ -20,7 +20,7 @@ void add_export(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--format", a->format, "output format (onnx)")->required()->check(CLI::IsMember({"onnx"}));
-  cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (Llama, Qwen2, Qwen3)")->required();
+  cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (Llama, Qwen2, Qwen3, Qwen3.5)")->required();
   cmd->add_option("-o,--output", a->output, "export folder to write (model.onnx, model.onnx.data, ingot_export.json)")
       ->required();
   cmd->add_flag("--force", a->force, "replace an earlier export in that folder (never any other folder)");

@@ -153,10 +153,75 @@ TEST(OnnxExport, TensorRtFormUsesOpset17Ops) {
     EXPECT_FALSE(ops.count(newer)) << newer << " is beyond opset 17";
 }
 
+// Qwen3.5: the linear layers' f32 conv and recurrent states are graph inputs and outputs in layer order
+// beside the attention layers' caches, the delta rule is a Scan whose body's ops the contract lists, and
+// the attention layers carry the output gate. (Its logits: onnx_export_parity.)
+TEST(OnnxExport, Qwen35StatesAreInputsAndOutputsAndTheDeltaRuleIsAScan) {
+  test::TempDir tmp;
+  ExportOptions o;
+  o.capacity = 32;
+  o.dtype = DType::F16;
+  const std::string out = tmp.file("q35");
+  const ExportResult r = export_onnx(test::fixture("qwen3_5_text"), out, o);
+  const LinearAttnSpec& l = r.spec.linear;
+  const onnx::ModelProto m = read_model(out + "/model.onnx");
+  const auto& g = m.graph();
+  std::vector<std::string> ins, outs;
+  for (const auto& v : g.input()) ins.push_back(v.name());
+  for (const auto& v : g.output()) outs.push_back(v.name());
+  std::vector<std::string> want_in{"input_ids", "write_indices"}, want_out{"logits"};
+  int64_t scans = 0;
+  for (int64_t i = 0; i < r.spec.layers; ++i) {
+    const std::string n = std::to_string(i);
+    if (r.spec.kind(i) == LayerKind::Linear) {
+      want_in.insert(want_in.end(), {"past_conv_state." + n, "past_recurrent_state." + n});
+      want_out.insert(want_out.end(), {"present_conv_state." + n, "present_recurrent_state." + n});
+      ++scans;
+    } else {
+      want_in.insert(want_in.end(), {"past_key_values." + n + ".key", "past_key_values." + n + ".value"});
+      want_out.insert(want_out.end(), {"present." + n + ".key", "present." + n + ".value"});
+    }
+  }
+  ASSERT_GT(scans, 0) << "the fixture has linear layers";
+  ASSERT_LT(scans, r.spec.layers) << "and attention layers";
+  EXPECT_EQ(ins, want_in);
+  EXPECT_EQ(outs, want_out);
+  for (const auto& v : g.input()) {
+    if (v.name().find("_state.") == std::string::npos) continue;
+    EXPECT_EQ(v.type().tensor_type().elem_type(), onnx::TensorProto::FLOAT) << v.name() << ": f32 in an fp16 export";
+    const bool conv = v.name().rfind("past_conv_state.", 0) == 0;
+    EXPECT_EQ(dims(v), conv ? "batch," + std::to_string(l.conv_channels()) + "," + std::to_string(l.conv_kernel - 1)
+                            : "batch," + std::to_string(l.v_heads) + "," + std::to_string(l.k_dim) + "," +
+                                  std::to_string(l.v_dim))
+        << v.name();
+  }
+  int64_t found = 0;
+  for (const auto& n : g.node()) {
+    if (n.op_type() != "Scan") continue;
+    ++found;
+    ASSERT_EQ(n.attribute_size(), 2);
+    bool has_body = false;
+    for (const auto& a : n.attribute()) has_body |= a.name() == "body" && a.has_g() && a.g().node_size() > 0;
+    EXPECT_TRUE(has_body);
+    EXPECT_EQ(n.output(0).rfind("present_recurrent_state.", 0), 0u) << "the Scan's final state is the present state";
+  }
+  EXPECT_EQ(found, scans);
+  const auto contract = nlohmann::json::parse(std::ifstream(out + "/ingot_export.json"));
+  const std::vector<std::string> listed = contract["ops"];
+  for (const char* op : {"Scan", "Conv", "Softplus", "Squeeze", "MatMul", "Attention"})
+    EXPECT_NE(std::find(listed.begin(), listed.end(), op), listed.end()) << op << " (Squeeze and MatMul: the body's)";
+  EXPECT_EQ(contract["linear_state"]["layers"].size(), size_t(scans));
+  EXPECT_EQ(contract["linear_state"]["dtype"], "float32");
+  EXPECT_EQ(contract["cache"]["dtype"], "float16");
+  EXPECT_EQ(contract["inputs"].size(), size_t(g.input_size()));
+}
+
 TEST(OnnxExport, RefusalsWriteNothing) {
   test::TempDir tmp;
   ExportOptions o;
-  EXPECT_THROW(export_onnx(test::fixture("qwen3_5_text"), tmp.file("out"), o), Error);
+  o.max_batch = 0;  // a bound out of range: refused before the temporary folder exists
+  EXPECT_THROW(export_onnx(test::fixture("qwen2"), tmp.file("out"), o), Error);
+  o.max_batch = 1;
   fs::create_directories(tmp.file("other"));
   std::ofstream(tmp.file("other/keep.txt")) << "keep";
   o.force = true;

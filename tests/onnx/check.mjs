@@ -2,6 +2,9 @@
 // reference of their checkpoint (docs/reference-format.md) and judges them as `ingot check` judges the
 // engine: full prefill, token-by-token decode at write indices, random chunk splits, rows at different
 // write indices in one call, greedy generation; and checks that every cache slot a call does not write keeps its bytes.
+// Qwen3.5 exports' linear states (past_conv_state.{i}, past_recurrent_state.{i}, f32) travel with the caches:
+// fed back call to call, copied whole per row in the mixed case, and stale random bytes in the row at write
+// index 0, which the graph must not read.
 //
 //   node check.mjs EXPORT_DIR=REFERENCE.safetensors ...      (ORT_MODULE: path of onnxruntime-node)
 //
@@ -66,6 +69,9 @@ class Export {
     this.c = contract;
     this.cacheType = contract.cache.dtype;  // float32 | float16
     this.cacheInputs = contract.inputs.filter((i) => i.name.startsWith('past_key_values.'));
+    // Qwen3.5's linear layers: f32 conv and recurrent states, one whole [..] block per row.
+    this.stateInputs = contract.inputs.filter((i) => i.name.startsWith('past_conv_state.') || i.name.startsWith('past_recurrent_state.'));
+    this.stateElems = (i) => i.shape.slice(1).reduce((a, b) => a * b, 1);
     this.rowElems = contract.cache.layout === 'heads_first'
       ? contract.cache.kv_heads * contract.cache.capacity * contract.cache.head_dim
       : contract.cache.capacity * contract.cache.kv_heads * contract.cache.head_dim;
@@ -80,7 +86,17 @@ class Export {
       const n = B * this.rowElems;
       caches[i.name] = this.cacheType === 'float16' ? new Uint16Array(n) : new Float32Array(n);
     }
+    for (const i of this.stateInputs) caches[i.name] = new Float32Array(B * this.stateElems(i));
     return caches;
+  }
+  isState(name) { return !name.startsWith('past_key_values.'); }
+  typeOf(name) { return this.isState(name) ? 'float32' : this.cacheType; }
+  shapeOf(name, B) {
+    if (!this.isState(name)) return this.cacheShape(B);
+    return [B, ...this.stateInputs.find((i) => i.name === name).shape.slice(1)];
+  }
+  presentName(name) {
+    return name.startsWith('past_key_values.') ? name.replace('past_key_values.', 'present.') : name.replace(/^past_/, 'present_');
   }
   // Slot s of row r, element e within the slot, as a flat index (both layouts).
   slotIndices(r, s) {
@@ -101,13 +117,10 @@ class Export {
       input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.flat().map(BigInt)), [B, S]),
       write_indices: new ort.Tensor('int64', BigInt64Array.from(wi.map(BigInt)), [B]),
     };
-    for (const [name, data] of Object.entries(caches)) feeds[name] = new ort.Tensor(this.cacheType, data, this.cacheShape(B));
+    for (const [name, data] of Object.entries(caches)) feeds[name] = new ort.Tensor(this.typeOf(name), data, this.shapeOf(name, B));
     const out = await this.session.run(feeds);
     const present = {};
-    for (const name of Object.keys(caches)) {
-      const o = out[name.replace('past_key_values.', 'present.')];
-      present[name] = o.data;
-    }
+    for (const name of Object.keys(caches)) present[name] = out[this.presentName(name)].data;
     return { logits: out.logits.data, present };  // logits [B, S, vocab] f32
   }
 }
@@ -218,24 +231,31 @@ async function checkOne(dir, refFile) {
     const offsets = [...Array(N)].map((_, r) => (N === 1 ? S - k : Math.round((r * (S - k)) / (N - 1))));
     const caches = ex.newCache(N);
     const rand = rng(99);
-    for (const data of Object.values(caches))
+    // Stale bytes everywhere, the linear states too: a row at write index 0 must not read its state.
+    for (const [name, data] of Object.entries(caches))
       for (let i = 0; i < data.length; ++i) {
         const v = (rand() * 2 - 1) * 4;
-        data[i] = ex.cacheType === 'float16' ? f16bits(v) : v;
+        data[i] = ex.typeOf(name) === 'float16' ? f16bits(v) : v;
       }
     for (let r = 0; r < N; ++r) {
       const w = offsets[r];
       if (w === 0) continue;
       const { present } = await ex.run([ids[r].slice(0, w)], [0], ex.newCache(1));
-      for (const name of Object.keys(caches))
+      for (const name of Object.keys(caches)) {
+        if (ex.isState(name)) {  // a linear state is the whole carry of its row's first w tokens
+          const n = present[name].length;
+          caches[name].set(present[name], r * n);
+          continue;
+        }
         for (let s = 0; s < w; ++s) {
           const src = ex.slotIndices(0, s), dst = ex.slotIndices(r, s);
           for (let e = 0; e < src.length; ++e) caches[name][dst[e]] = present[name][src[e]];
         }
+      }
     }
     const { logits, present } = await ex.run(ids.map((row, r) => row.slice(offsets[r], offsets[r] + k)), offsets, caches);
     for (let r = 0; r < N; ++r) for (let s = 0; s < k; ++s) j.add(logits, (r * k + s) * V, R, refOff(r, offsets[r] + s));
-    for (const name of Object.keys(caches))
+    for (const name of Object.keys(caches).filter((n) => !ex.isState(n)))  // states are rewritten whole
       for (let r = 0; r < N; ++r)
         for (let s = 0; s < contract.cache.capacity; ++s) {
           if (s >= offsets[r] && s < offsets[r] + k) continue;

@@ -1,5 +1,6 @@
 #include "export/onnx/onnx_export.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "export/onnx/graph_builder.h"
+#include "export/onnx/linear_attention_graph.h"
 #include "io/engine.h"
 #include "io/model_config.h"
 #include "models/rope.h"
@@ -62,9 +64,14 @@ class DecoderGraph {
     const OnnxType cache_t = onnx_type(cache_dt_);
     g_.input("input_ids", OnnxType::Int64, {std::string("batch"), std::string("sequence")});
     g_.input("write_indices", OnnxType::Int64, {std::string("batch")});
-    for (int64_t i = 0; i < s_.layers; ++i)
-      for (const char* kv : {"key", "value"})
-        g_.input(past_name(i, kv), cache_t, cache_dims());
+    for (int64_t i = 0; i < s_.layers; ++i) {
+      if (s_.kind(i) == LayerKind::Linear) {  // Qwen3.5's linear layers: f32 states, as the runtime's
+        g_.input(state_name("past", "conv", i), OnnxType::Float, conv_dims());
+        g_.input(state_name("past", "recurrent", i), OnnxType::Float, recurrent_dims());
+        continue;
+      }
+      for (const char* kv : {"key", "value"}) g_.input(past_name(i, kv), cache_t, cache_dims());
+    }
 
     ids_shape_ = g_.op("Shape", {"input_ids"}, {}, "ids_shape");  // [2] = (B, S)
     seq_ = g_.op("Gather", {ids_shape_, g_.scalar_i64(1, "one")}, {ai("axis", 0)}, "seq_len");  // scalar S
@@ -80,20 +87,36 @@ class DecoderGraph {
     const std::string lshape = g_.op("Concat", {ids_shape_, g_.const_i64({s_.vocab}, "vocab")}, {ai("axis", 0)});
     g_.node_named("Reshape", {logits2, lshape}, {"logits"});
     g_.output("logits", OnnxType::Float, {std::string("batch"), std::string("sequence"), s_.vocab});
-    for (int64_t i = 0; i < s_.layers; ++i)
+    for (int64_t i = 0; i < s_.layers; ++i) {
+      if (s_.kind(i) == LayerKind::Linear) {
+        g_.output(state_name("present", "conv", i), OnnxType::Float, conv_dims());
+        g_.output(state_name("present", "recurrent", i), OnnxType::Float, recurrent_dims());
+        continue;
+      }
       for (const char* kv : {"key", "value"}) g_.output(present_name(i, kv), cache_t, cache_dims());
+    }
   }
 
   static std::string past_name(int64_t i, const char* kv) {
     return "past_key_values." + std::to_string(i) + "." + kv;
   }
   static std::string present_name(int64_t i, const char* kv) { return "present." + std::to_string(i) + "." + kv; }
+  // past_conv_state.{i}, present_recurrent_state.{i}, ...
+  static std::string state_name(const char* when, const char* what, int64_t i) {
+    return std::string(when) + "_" + what + "_state." + std::to_string(i);
+  }
 
  private:
   bool heads_first() const { return o_.layout == CacheLayout::HeadsFirst; }
   std::vector<Dim> cache_dims() const {
     if (heads_first()) return {std::string("batch"), s_.kv_heads, cap_, s_.head_dim};
     return {std::string("batch"), cap_, s_.kv_dim()};
+  }
+  std::vector<Dim> conv_dims() const {  // [B, conv channels, kernel - 1]
+    return {std::string("batch"), s_.linear.conv_channels(), s_.linear.conv_kernel - 1};
+  }
+  std::vector<Dim> recurrent_dims() const {  // [B, v_heads, d_k, d_v]
+    return {std::string("batch"), s_.linear.v_heads, s_.linear.k_dim, s_.linear.v_dim};
   }
 
   // The runtime weight `name` as an f32 value (written once; 16-bit ones widened by one Cast).
@@ -139,8 +162,8 @@ class DecoderGraph {
     const std::string scale = g_.scalar_f32(rope_attention_scale(s_), "rope_scale");
     auto table = [&](const char* fn) {
       const std::string half = g_.op("Mul", {g_.op(fn, {ang}), scale}, {}, fn);
-      const std::string full = g_.op("Concat", {half, half}, {ai("axis", -1)});          // [B, S, head_dim]
-      return g_.op("Unsqueeze", {full, g_.const_i64({2}, "axes")}, {}, std::string(fn) + "_table");  // [B,S,1,hd]
+      const std::string full = g_.op("Concat", {half, half}, {ai("axis", -1)});          // [B, S, rope_dim]
+      return g_.op("Unsqueeze", {full, g_.const_i64({2}, "axes")}, {}, std::string(fn) + "_table");  // [B,S,1,rd]
     };
     cos_ = table("Cos");
     sin_ = table("Sin");
@@ -172,12 +195,20 @@ class DecoderGraph {
     }
   }
 
-  // x [B,S,h,hd] rotated in place of transformers' rotate_half: x*cos + concat(-x2, x1)*sin.
-  std::string rope(const std::string& x, const std::string& hint) {
-    const int64_t half = s_.head_dim / 2;
+  // x [B,S,h,hd] rotated in place of transformers' rotate_half: x*cos + concat(-x2, x1)*sin over the
+  // first rope_dim dims; the rest (partial rotary, Qwen3.5) pass through unchanged.
+  std::string rope(const std::string& x_in, const std::string& hint) {
+    const int64_t rd = s_.rope_dim(), half = rd / 2, pass = s_.head_dim - rd;
+    std::string x = x_in, rest;
+    if (pass > 0) {
+      auto p = g_.node("Split", {x_in, g_.const_i64({rd, pass}, "split")}, 2, {ai("axis", -1)}, hint + "_rotary");
+      x = p[0];
+      rest = p[1];
+    }
     auto parts = g_.node("Split", {x, g_.const_i64({half, half}, "split")}, 2, {ai("axis", -1)}, hint + "_half");
     const std::string rot = g_.op("Concat", {g_.op("Neg", {parts[1]}), parts[0]}, {ai("axis", -1)}, hint + "_rot");
-    return g_.op("Add", {g_.op("Mul", {x, cos_}), g_.op("Mul", {rot, sin_})}, {}, hint + "_rope");
+    const std::string y = g_.op("Add", {g_.op("Mul", {x, cos_}), g_.op("Mul", {rot, sin_})}, {}, hint + "_rope");
+    return pass > 0 ? g_.op("Concat", {y, rest}, {ai("axis", -1)}, hint + "_rope_full") : y;
   }
 
   std::string linear(const std::string& x, const std::string& w, const std::string& b, const std::string& hint) {
@@ -247,12 +278,26 @@ class DecoderGraph {
     return g_.op("MatMul", {p, vv}, {}, "attn");
   }
 
+  // Qwen3.5's linear-attention mixer (linear_attention_graph.cpp): h [N, hidden] -> [N, hidden].
+  std::string linear_mixer(const std::string& h, int64_t i) {
+    const std::string L = "layers." + std::to_string(i) + ".";
+    const std::string proj = linear(h, weight(L + "lin_in"), "", "lin_in");  // [N, C + V + 2*v_heads]
+    LinearAttnWeights w{weight(L + "lin_conv"), weight(L + "lin_a_log"), weight(L + "lin_dt_bias"), weight(L + "lin_norm")};
+    LinearAttnContext c{ids_shape_, "write_indices", eps_,
+                        state_name("past", "conv", i), state_name("present", "conv", i),
+                        state_name("past", "recurrent", i), state_name("present", "recurrent", i)};
+    return linear(linear_attention(g_, s_, w, c, proj, i), weight(L + "lin_out"), "", "lin_out");
+  }
+
   std::string layer(const std::string& x_in, int64_t i) {
     const std::string L = "layers." + std::to_string(i) + ".";
     const std::string h = rmsnorm(x_in, weight(L + "attn_norm"), "attn_norm");
-    const std::string qkv = linear(h, weight(L + "wqkv"), optional_weight(L + "bqkv"), "qkv");  // [N, q+2kv]
-    auto parts = g_.node("Split", {qkv, g_.const_i64({s_.q_dim(), s_.kv_dim(), s_.kv_dim()}, "split")}, 3,
-                         {ai("axis", 1)}, "qkv_part");
+    if (s_.kind(i) == LayerKind::Linear) return mlp(g_.op("Add", {x_in, linear_mixer(h, i)}, {}, "resid"), i);
+    // [N, q + 2kv (+ q: the output gate's rows, gated attention)]
+    const std::string qkv = linear(h, weight(L + "wqkv"), optional_weight(L + "bqkv"), "qkv");
+    std::vector<int64_t> widths{s_.q_dim(), s_.kv_dim(), s_.kv_dim()};
+    if (s_.attn_gate) widths.push_back(s_.q_dim());
+    auto parts = g_.node("Split", {qkv, g_.const_i64(widths, "split")}, int(widths.size()), {ai("axis", 1)}, "qkv_part");
     auto heads4 = [&](const std::string& x, int64_t n) {  // [N, n*hd] -> [B, S, n, hd]
       const std::string shape = g_.op("Concat", {ids_shape_, g_.const_i64({n, s_.head_dim}, "heads")}, {ai("axis", 0)});
       return g_.op("Reshape", {x, shape}, {}, "heads4");
@@ -267,10 +312,17 @@ class DecoderGraph {
     const std::string kc = cache_update(k, i, "key"), vc = cache_update(v, i, "value");
     const std::string qt = g_.op("Transpose", {q}, {ints("perm", {0, 2, 1, 3})}, "q_heads_first");  // [B,h,S,hd]
     const std::string y = attention(qt, kc, vc, mask_.at(s_.window[size_t(i)]));
-    const std::string y2 = g_.op("Reshape", {g_.op("Transpose", {y}, {ints("perm", {0, 2, 1, 3})}),
-                                             g_.const_i64({-1, s_.q_dim()}, "attn2d")},
-                                 {}, "attn_out");  // [N, q_dim]
-    std::string x = g_.op("Add", {x_in, linear(y2, weight(L + "wo"), optional_weight(L + "bo"), "o_proj")}, {}, "resid");
+    std::string y2 = g_.op("Reshape", {g_.op("Transpose", {y}, {ints("perm", {0, 2, 1, 3})}),
+                                       g_.const_i64({-1, s_.q_dim()}, "attn2d")},
+                           {}, "attn_out");  // [N, q_dim]
+    if (s_.attn_gate) y2 = g_.op("Mul", {y2, g_.op("Sigmoid", {parts[3]})}, {}, "attn_gated");  // Qwen3.5: before o_proj
+    const std::string x = g_.op("Add", {x_in, linear(y2, weight(L + "wo"), optional_weight(L + "bo"), "o_proj")}, {}, "resid");
+    return mlp(x, i);
+  }
+
+  // The SwiGLU MLP block with its residual: x [N, hidden] -> [N, hidden].
+  std::string mlp(const std::string& x, int64_t i) {
+    const std::string L = "layers." + std::to_string(i) + ".";
     const std::string h2 = rmsnorm(x, weight(L + "mlp_norm"), "mlp_norm");
     const std::string gu = linear(h2, weight(L + "w_gate_up"), "", "gate_up");  // [N, 2*intermediate]
     auto g_u = g_.node("Split", {gu, g_.const_i64({s_.intermediate, s_.intermediate}, "split")}, 2, {ai("axis", 1)},
@@ -347,14 +399,28 @@ nlohmann::json contract(const ModelSpec& s, const ExportOptions& o, DType dt, in
   inputs.push_back({{"name", "write_indices"}, {"dtype", "int64"}, {"shape", {"batch"}}});
   outputs.push_back({{"name", "logits"}, {"dtype", "float32"}, {"shape", {"batch", "sequence", s.vocab}}});
   const char* onnx_dt = cache_dt == DType::F32 ? "float32" : "float16";
-  for (int64_t i = 0; i < s.layers; ++i)
-    for (const char* kv : {"key", "value"}) {
-      inputs.push_back({{"name", "past_key_values." + std::to_string(i) + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
-      outputs.push_back({{"name", "present." + std::to_string(i) + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+  const LinearAttnSpec& l = s.linear;
+  const json conv_shape = json::array({"batch", l.conv_channels(), l.conv_kernel - 1});
+  const json rec_shape = json::array({"batch", l.v_heads, l.k_dim, l.v_dim});
+  json linear_layers = json::array();
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const std::string n = std::to_string(i);
+    if (s.kind(i) == LayerKind::Linear) {
+      linear_layers.push_back(i);
+      inputs.push_back({{"name", "past_conv_state." + n}, {"dtype", "float32"}, {"shape", conv_shape}});
+      inputs.push_back({{"name", "past_recurrent_state." + n}, {"dtype", "float32"}, {"shape", rec_shape}});
+      outputs.push_back({{"name", "present_conv_state." + n}, {"dtype", "float32"}, {"shape", conv_shape}});
+      outputs.push_back({{"name", "present_recurrent_state." + n}, {"dtype", "float32"}, {"shape", rec_shape}});
+      continue;
     }
+    for (const char* kv : {"key", "value"}) {
+      inputs.push_back({{"name", "past_key_values." + n + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+      outputs.push_back({{"name", "present." + n + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+    }
+  }
   json windows = json::array();
   for (int64_t w : s.window) windows.push_back(w);
-  return {
+  json out = {
       {"format", "ingot-onnx-export"},
       {"format_version", 1},
       {"model", "model.onnx"},
@@ -388,6 +454,17 @@ nlohmann::json contract(const ModelSpec& s, const ExportOptions& o, DType dt, in
       {"vocab_size", s.vocab},
       {"files", side_files},
   };
+  if (!linear_layers.empty())
+    out["linear_state"] = {
+        {"layers", linear_layers},
+        {"dtype", "float32"},
+        {"conv_shape", conv_shape},
+        {"recurrent_shape", rec_shape},
+        {"write", "every row of the call replaces its whole state: present_conv_state = the last kernel-1 conv "
+                  "inputs (slots below 0 read as zeros), present_recurrent_state = the delta rule's state after "
+                  "the chunk's tokens, one token at a time; a row at write index 0 starts from zeros (its past state "
+                  "is not read), a row at w > 0 must bring the state its first w tokens left"}};
+  return out;
 }
 
 }  // namespace
@@ -402,17 +479,14 @@ Target parse_target(const std::string& s) {
 
 ModelSpec check_export(const std::string& model_dir, const std::string& out_dir, const ExportOptions& o) {
   const ModelSpec s = load_model_spec(model_dir);
-  if (s.family != "llama" && s.family != "qwen2" && s.family != "qwen3")
+  // A family the graph writer has not been taught (a new one in the registry) is refused by name.
+  static const char* const kExportable[] = {"llama", "qwen2", "qwen3", "qwen3_5_text", "qwen3_5"};
+  if (std::find(std::begin(kExportable), std::end(kExportable), s.family) == std::end(kExportable))
     throw Error("export: model_type '" + s.family + "' (" + model_dir +
-                "/config.json) cannot be exported to ONNX yet; supported: llama, qwen2, qwen3" +
-                (s.has_linear_layers() ? " (its linear-attention layers' conv and recurrent state need state "
-                                         "inputs/outputs this exporter does not write)"
-                                       : ""));
-  if (s.has_linear_layers() || s.attn_gate)
-    throw Error("export: " + model_dir + " has linear-attention or gated-attention layers, which the ONNX export does not write");
-  if (s.rope_dim() != s.head_dim || s.head_dim % 2 != 0)
-    throw Error("export: " + model_dir + ": partial rotary embeddings (rotary dim " + std::to_string(s.rope_dim()) +
-                " of head_dim " + std::to_string(s.head_dim) + ") are not supported by the ONNX export");
+                "/config.json) cannot be exported to ONNX yet; supported: llama, qwen2, qwen3, qwen3_5_text, qwen3_5");
+  if (s.rope_dim() < 2 || s.rope_dim() > s.head_dim || s.rope_dim() % 2 != 0)
+    throw Error("export: " + model_dir + ": rotary dim " + std::to_string(s.rope_dim()) + " of head_dim " +
+                std::to_string(s.head_dim) + " cannot be exported (it must be even, 2 .. head_dim)");
   if (o.max_batch < 1 || o.max_batch > kMaxBatch)
     throw Error("--max-batch: must be between 1 and " + std::to_string(kMaxBatch) + " (got " + std::to_string(o.max_batch) + ")");
   if (o.capacity < 0 || o.capacity > kMaxCapacity)

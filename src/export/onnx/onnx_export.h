@@ -1,5 +1,6 @@
-// `ingot export --format onnx`: writes a dense decoder (Llama, Qwen2, Qwen3) as an ONNX graph of the same
-// static-cache forward the runtime runs (docs/design.md, "The forward contract"), with the cache explicit
+// `ingot export --format onnx`: writes a decoder (Llama, Qwen2, Qwen3; Qwen3.5 with its linear layers'
+// conv and recurrent states as further inputs/outputs) as an ONNX graph of the same static-cache forward
+// the runtime runs (docs/design.md, "The forward contract"), with the cache explicit
 // as graph inputs and outputs, plus ingot_export.json, the contract a caller codes against
 // (docs/onnx.md). The weights come from the project's own build step (build_engine: the family's weight
 // table, fused q|k|v and gate|up) and the spec from load_model_spec; nothing here re-reads a checkpoint.
@@ -44,9 +45,8 @@ struct ExportResult {
 };
 
 // Refuses, from config.json and the flags alone (before anything is written), what this exporter does
-// not support: a family other than llama/qwen2/qwen3 (Qwen3.5's linear layers need state inputs not
-// written yet), partial rotary, gated attention; bounds out of range; and an output that is not a
-// fresh path or an earlier export (with force). Returns the spec.
+// not support: a family it has not been taught, an odd rotary dim; bounds out of range; and an output
+// that is not a fresh path or an earlier export (with force). Returns the spec.
 ModelSpec check_export(const std::string& model_dir, const std::string& out_dir, const ExportOptions& options);
 
 // check_export, then builds the engine, writes model.onnx, model.onnx.data, ingot_export.json and the
