@@ -216,6 +216,58 @@ TEST(OnnxExport, Qwen35StatesAreInputsAndOutputsAndTheDeltaRuleIsAScan) {
   EXPECT_EQ(contract["inputs"].size(), size_t(g.input_size()));
 }
 
+// f16 compute: every Gemm reads an f16 activation and its f16 weight initializer directly (no widening
+// Cast), the residual stream is f16, the norms run in f32 between Casts, logits stay float32.
+TEST(OnnxExport, Fp16ComputeKeepsMatmulsInFp16AndNormsInF32) {
+  test::TempDir tmp;
+  ExportOptions o;
+  o.capacity = 16;
+  o.dtype = DType::F16;
+  o.compute = DType::F16;
+  o.target = Target::TensorRT;
+  const std::string out = tmp.file("c16");
+  export_onnx(test::fixture("qwen3"), out, o);
+  const onnx::ModelProto m = read_model(out + "/model.onnx");
+  std::map<std::string, int32_t> init_type;
+  for (const auto& t : m.graph().initializer()) init_type[t.name()] = t.data_type();
+  std::map<std::string, const onnx::NodeProto*> producer;
+  for (const auto& n : m.graph().node())
+    for (const auto& y : n.output()) producer[y] = &n;
+  int64_t gemms = 0, reduce_f32 = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() == "Gemm") {
+      ++gemms;
+      ASSERT_TRUE(init_type.count(n.input(1))) << n.name() << ": weight " << n.input(1) << " is read as stored";
+      EXPECT_EQ(init_type[n.input(1)], onnx::TensorProto::FLOAT16) << n.input(1);
+      const auto* p = producer.count(n.input(0)) ? producer[n.input(0)] : nullptr;
+      if (p && p->op_type() == "Cast") {
+        for (const auto& a : p->attribute())
+          if (a.name() == "to") EXPECT_EQ(a.i(), onnx::TensorProto::FLOAT16) << n.name() << "'s activation";
+      }
+    }
+    if (n.op_type() == "ReduceMean") {  // the norms' mean of squares: its input comes from f32 values
+      const auto* sq = producer.at(n.input(0));
+      ASSERT_EQ(sq->op_type(), "Mul");
+      const auto* x = producer.count(sq->input(0)) ? producer[sq->input(0)] : nullptr;
+      if (x && x->op_type() == "Cast") ++reduce_f32;
+    }
+  }
+  EXPECT_GT(gemms, 0);
+  EXPECT_GT(reduce_f32, 0) << "the norms widen their f16 input to f32";
+  EXPECT_EQ(m.graph().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT) << "logits";
+  const auto contract = nlohmann::json::parse(std::ifstream(out + "/ingot_export.json"));
+  EXPECT_EQ(contract["compute_dtype"], "f16");
+  EXPECT_EQ(contract["cache"]["dtype"], "float16");
+
+  ExportOptions bad = o;
+  bad.compute = DType::BF16;  // refused before anything is written
+  bad.dtype = DType::BF16;
+  EXPECT_THROW(export_onnx(test::fixture("qwen3"), tmp.file("b"), bad), Error);
+  bad.compute = DType::F16;  // f16 compute needs f16 weights
+  EXPECT_THROW(export_onnx(test::fixture("qwen3"), tmp.file("b"), bad), Error);
+  EXPECT_FALSE(fs::exists(tmp.file("b")));
+}
+
 TEST(OnnxExport, RefusalsWriteNothing) {
   test::TempDir tmp;
   ExportOptions o;

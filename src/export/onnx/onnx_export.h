@@ -27,6 +27,10 @@ Target parse_target(const std::string& s);  // Error unless onnxruntime or tenso
 
 struct ExportOptions {
   std::optional<DType> dtype;  // weight and cache dtype; default: the checkpoint's
+  // Arithmetic dtype. F32: every activation f32, 16-bit weights widened by a Cast at use. F16 (needs
+  // dtype F16): the residual stream, projections, attention's matmuls and the MLP in f16; RMSNorm, RoPE,
+  // the softmax (decomposed form) and Qwen3.5's conv/delta rule in f32 between Casts. BF16 is refused.
+  DType compute = DType::F32;
   CacheLayout layout = CacheLayout::HeadsFirst;
   int max_batch = 1;     // the largest batch the contract promises (the batch dim itself is dynamic)
   int64_t capacity = 0;  // cache slots per row (a fixed dim of the cache inputs); 0: default_capacity
