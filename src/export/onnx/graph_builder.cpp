@@ -107,26 +107,25 @@ std::string GraphBuilder::weight(const std::string& name, DType dtype, const std
   return name;
 }
 
-std::string GraphBuilder::const_i64(const std::vector<int64_t>& values, const std::vector<int64_t>& shape,
-                                    const std::string& hint) {
+std::string GraphBuilder::inline_constant(OnnxType type, const std::vector<int64_t>& shape, const void* data,
+                                          size_t bytes, const std::string& hint) {
   onnx::TensorProto* t = graph_->add_initializer();
   const std::string name = fresh(hint.empty() ? "const" : hint);
   t->set_name(name);
-  t->set_data_type(int32_t(OnnxType::Int64));
+  t->set_data_type(int32_t(type));
   for (int64_t d : shape) t->add_dims(d);
-  t->set_raw_data(values.data(), values.size() * sizeof(int64_t));
+  t->set_raw_data(data, bytes);
   return name;
+}
+
+std::string GraphBuilder::const_i64(const std::vector<int64_t>& values, const std::vector<int64_t>& shape,
+                                    const std::string& hint) {
+  return inline_constant(OnnxType::Int64, shape, values.data(), values.size() * sizeof(int64_t), hint);
 }
 
 std::string GraphBuilder::const_f32(const std::vector<float>& values, const std::vector<int64_t>& shape,
                                     const std::string& hint) {
-  onnx::TensorProto* t = graph_->add_initializer();
-  const std::string name = fresh(hint.empty() ? "const" : hint);
-  t->set_name(name);
-  t->set_data_type(int32_t(OnnxType::Float));
-  for (int64_t d : shape) t->add_dims(d);
-  t->set_raw_data(values.data(), values.size() * sizeof(float));
-  return name;
+  return inline_constant(OnnxType::Float, shape, values.data(), values.size() * sizeof(float), hint);
 }
 
 std::string GraphBuilder::scalar_float(DType dtype, float v, const std::string& hint) {

@@ -97,6 +97,9 @@ class GraphBuilder {
 
  private:
   std::string fresh(const std::string& hint);
+  // An initializer holding `bytes` raw little-endian values inline in the model (small constants).
+  std::string inline_constant(OnnxType type, const std::vector<int64_t>& shape, const void* data, size_t bytes,
+                              const std::string& hint);
   std::unique_ptr<onnx::ModelProto> model_;
   onnx::GraphProto* graph_ = nullptr;  // owned by model_, or the open subgraph's (open_ holds it)
   std::vector<std::pair<onnx::GraphProto*, std::shared_ptr<onnx::GraphProto>>> open_;  // enclosing graph, body
