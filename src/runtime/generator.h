@@ -7,7 +7,7 @@
 // One step() = one model call (more only when a forward carries fewer tokens than there are decoding
 // slots), and the device picks every token, so only token ids come back:
 //  - with prompt chunks to compute (up to `prefill_budget` tokens over all slots still prefilling, in
-//    arrival order), one Model::forward_pick carries them and every slot past its prompt (its last
+//    arrival order), one Model::launch_forward carries them and every slot past its prompt (its last
 //    token): a server's steady state mixes a newly arrived prompt into the decode step, and the
 //    weights are read once for both. A chunk that ends its prompt gets its first token picked there,
 //    from the row's sampling state set to the request's settings;

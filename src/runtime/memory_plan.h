@@ -34,7 +34,7 @@ struct WorkspacePlan {
   size_t conv = 0;          // [max_tokens, conv_channels] linear layers' conv output (0 without them)
   size_t token_meta = 0;    // each of the six int32 [max_tokens] metadata arrays
   size_t gathered = 0, logits = 0;  // [max_logit_rows, hidden] and [max_logit_rows, vocab]
-  // [3, max_batch] int32: the picks of a step, then the cache rows they were picked for (a forward_pick's
+  // [3, max_batch] int32: the picks of a step, then the cache rows they were picked for (a launch_forward's
   // picks are not its token rows), then where a launched step feeds its rows from; the sampling state per cache row.
   size_t next_tokens = 0, sample_params = 0, sample_step = 0, sample_seen = 0;
   size_t sample_counts = 0;  // [max_batch, vocab] int32: generated tokens' counts (frequency/presence penalties)

@@ -313,16 +313,10 @@ std::vector<int32_t> Model::finish_launch() {
   return std::vector<int32_t>(p, p + n);
 }
 
-std::vector<int32_t> Model::forward_pick(const Batch& batch) {
-  if (!launched_.empty()) throw Error("forward_pick: a launched step was not finished (finish_launch)");
-  launch_forward(batch);
-  return finish_launch();
-}
-
 void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed) {
   for (size_t r = 0; r < batch.rows.size(); ++r)
     if (batch.rows[r].all_logits)
-      throw Error("forward_pick: row " + std::to_string(r) + " asks for every token's logits; a pick takes only the last");
+      throw Error("launch_forward: row " + std::to_string(r) + " asks for every token's logits; a pick takes only the last");
   if (launched_.size() >= 2) throw Error("launch: two launched steps are not finished yet");
   Prepared p = prepare(batch);
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows

@@ -51,14 +51,6 @@ class Model {
   // row is malformed or does not fit (capacity, batch, workspace).
   HostTensor forward(const Batch& batch);
 
-  // forward() that picks instead of returning logits: the last token of each row that wants output gets
-  // its next token picked on the device by the row's sampling state, as decode() picks (set_sampling
-  // first for a row whose prompt ends here). Returns those picks, rows in call order; no logits leave
-  // the backend. One call carries decode rows (one token each) and prompt chunks together, so a step
-  // that has both reads the weights once. Not graph-captured (its shape changes every step); rows may
-  // not ask for all_logits. decode_logprobs() then reads its picks' logits as after decode().
-  std::vector<int32_t> forward_pick(const Batch& batch);
-
   // The fixed-shape decode step: n distinct cache rows each take one token (tokens[i]) at slot
   // write_index[i]; returns each row's next token, picked on the device by the row's sampling state
   // (set_sampling; greedy until set). Rows, tokens and indices go into fixed buffers, and the sampling
@@ -69,14 +61,20 @@ class Model {
   std::vector<int32_t> decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                               const std::vector<int64_t>& write_index);
 
-  // decode() and forward_pick() in two halves, so the host can work while a step runs on the device.
-  // launch_decode / launch_forward validate and queue the step and the read-back of its picks, and
-  // return at once; finish_launch returns the picks of the oldest launched step not yet finished,
-  // waiting for that step only. A row with feed[i] >= 0 (one token; for launch_forward the fed rows
-  // come first) takes as its token the pick at that index of the previous launched step, which the
-  // host has not seen: tokens[i] is then ignored, and a pick that is not a token (sampling::kNoToken)
-  // is fed as token 0 (the caller drops that row's result). At most two steps are outstanding;
-  // decode_logprobs needs none. decode() and forward_pick() are a launch and its finish.
+  // decode() in two halves, and forward() that picks instead of returning logits, so the host can work
+  // while a step runs on the device. launch_decode / launch_forward validate and queue the step and the
+  // read-back of its picks, and return at once; finish_launch returns the picks of the oldest launched
+  // step not yet finished, waiting for that step only.
+  // launch_forward: the last token of each row that wants output gets its next token picked on the
+  // device by the row's sampling state, as decode() picks (set_sampling first for a row whose prompt
+  // ends here); picks come in call order and no logits leave the backend. One call carries decode rows
+  // (one token each) and prompt chunks together, so a step that has both reads the weights once. Not
+  // graph-captured (its shape changes every step); rows may not ask for all_logits.
+  // A row with feed[i] >= 0 (one token; for launch_forward among the call's first max_batch tokens)
+  // takes as its token the pick at that index of the previous launched step, which the host has not
+  // seen: tokens[i] is then ignored, and a pick that is not a token (sampling::kNoToken) is fed as
+  // token 0 (the caller drops that row's result). At most two steps are outstanding; decode_logprobs
+  // (which reads the last finished step's logits) needs none. decode() is a launch and its finish.
   void launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                      const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed = {});
   void launch_forward(const Batch& batch, const std::vector<int32_t>& feed = {});
@@ -149,7 +147,7 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
-  // [3, max_batch] int32: a step's picks; (forward_pick) their cache rows; (launch_*) the feed
+  // [3, max_batch] int32: a step's picks; (launch_forward) their cache rows; (launch_*) the feed
   Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
   Buffer sample_params_;  // [max_batch] SampleParams
