@@ -233,11 +233,16 @@ void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag) {
 std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& s, DType dt, const QuantConfig* q) {
   std::map<std::string, std::pair<Shape, DType>> shapes;
   const WeightTable table = weight_table(s);
-  for (const WeightSpec& w : table.entries()) shapes[w.name] = {w.shape, w.dtype(dt)};
+  std::map<std::string, const WeightSpec*> specs;
+  for (const WeightSpec& w : table.entries()) {
+    shapes[w.name] = {w.shape, w.dtype(dt)};
+    specs[w.name] = &w;
+  }
   if (!q) return shapes;
   for (const std::string& name : q->tensors) {
     auto it = shapes.find(name);
-    if (it == shapes.end()) throw Error("quantized weight '" + name + "' is not a weight of this architecture");
+    if (it == shapes.end() || !int4_quantizable(*specs.at(name)))
+      throw Error("INT4 weight '" + name + "' is not a linear weight of this architecture");
     const Shape full = it->second.first;
     it->second = {int4_packed_shape(full), DType::U8};
     shapes[name + kInt4ScalesSuffix] = {int4_scales_shape(full, q->group_size), dt};
