@@ -65,7 +65,8 @@ Engine dequantized_f32(const Engine& q) {
   Engine e;
   e.spec = q.spec;
   e.weight_dtype = DType::F32;
-  for (const WeightSpec& w : weight_table(q.spec).entries()) {
+  const WeightTable table = weight_table(q.spec);
+  for (const WeightSpec& w : table.entries()) {
     HostTensor out(DType::F32, w.shape);
     const HostTensor& t = q.get(w.name);
     const bool int4 = std::find(q.quant->tensors.begin(), q.quant->tensors.end(), w.name) != q.quant->tensors.end();
@@ -133,7 +134,7 @@ TEST(Int4Pack, RoundToNearestStaysWithinHalfAStepAndZeroGroupsStayZero) {
     std::vector<uint8_t> scales(size_t(rows * cols / g) * dtype_size(sdt));
     quantize_int4(w.data(), rows, cols, g, sdt, packed.data(), scales.data());
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<float> back(size_t(cols));
+      std::vector<float> back(static_cast<size_t>(cols));
       const uint8_t* srow = scales.data() + size_t(r * cols / g) * dtype_size(sdt);
       dequantize_int4_row(packed.data() + r * cols / 2, srow, sdt, cols, g, back.data());
       for (int64_t k = 0; k < cols / g; ++k) {
