@@ -479,7 +479,7 @@ TEST_F(Refusal, MalformedMetadata) {
   expect_meta_refused([&](json& m) { int4(m, "scale_dtype", "f16"); }, {"'weights.quantization.scale_dtype'", "f16"});
   expect_meta_refused([&](json& m) { int4(m, "tensors", json::array()); }, {"'weights.quantization.tensors' must list"});
   expect_meta_refused([&](json& m) { int4(m, "tensors", {"tok_embeddings"}); },
-                      {"'weights.quantization.tensors[0]'", "tok_embeddings", "cannot be INT4"});
+                      {"'weights.quantization.tensors[0]'", "tok_embeddings", "is not a weight of this architecture that can be INT4"});
   expect_meta_refused([&](json& m) { int4(m, "tensors", {"layers.0.wo", "layers.0.wo"}); }, {"listed twice"});
   expect_meta_refused([&](json& m) { int4(m, nullptr, nullptr); }, {"the architecture implies"});
   expect_meta_refused([](json& m) { m["weights"]["dtype"] = "f8"; }, {"'weights.dtype'"});

@@ -1,4 +1,5 @@
-// INT4 packing, round-to-nearest quantization and the dequantization every reader shares.
+// INT4: which weights, the group-size rule, round-to-nearest packing, and the engine-file description
+// (the dequantization every reader shares is backend/int4_row.h).
 #include "quant/int4.h"
 
 #include <algorithm>
@@ -36,7 +37,6 @@ Shape int4_scales_shape(const Shape& s, int64_t g) { return {s.at(0), s.at(1) / 
 
 void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType sdt, uint8_t* packed, void* scales) {
   const int64_t groups = cols / g;
-  std::vector<float> q(size_t(g), 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < groups; ++k) {
       const float* v = w + r * cols + k * g;
