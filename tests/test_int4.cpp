@@ -255,6 +255,57 @@ TEST(Int4EngineFile, ATableThatDisagreesWithTheQuantizationIsRefused) {
   test::expect_error([&] { save_engine(missing, info, dir.file("bad2.ingot")); }, {"layers.0.wo.scales"});
 }
 
+// The CPU backend with int4_weights() false, counting allocations: a backend without INT4 kernels
+// (the CUDA backend today) as a Model sees it.
+class NoInt4Backend final : public Backend {
+ public:
+  std::string name() const override { return "no-int4"; }
+  DType activation_dtype() const override { return cpu_->activation_dtype(); }
+  bool host_memory() const override { return true; }
+  void* alloc(size_t bytes) override { return ++allocs, cpu_->alloc(bytes); }
+  void free(void* p) noexcept override { cpu_->free(p); }
+  void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
+  void fill_zero(void* d, size_t n) override { cpu_->fill_zero(d, n); }
+  void synchronize() override {}
+  void embedding(const Mat& t, const int32_t* ids, const Mat& o) override { cpu_->embedding(t, ids, o); }
+  void add_rmsnorm(const Mat& x, const Mat* d, const void* w, DType wt, float e, const Mat& o) override {
+    cpu_->add_rmsnorm(x, d, w, wt, e, o);
+  }
+  void linear(const Mat& x, const Mat& w, const void* b, const Mat& y) override { cpu_->linear(x, w, b, y); }
+  void rope_cache_write(const RopeWriteParams& p) override { cpu_->rope_cache_write(p); }
+  void attention(const AttentionParams& p) override { cpu_->attention(p); }
+  void sigmoid_gate(const Mat& x, const Mat& g, const Mat& o) override { cpu_->sigmoid_gate(x, g, o); }
+  void swiglu(const Mat& gu, const Mat& o) override { cpu_->swiglu(gu, o); }
+  void feed_picks(const int32_t* p, const int32_t* f, int64_t n, int32_t* ids) override { cpu_->feed_picks(p, f, n, ids); }
+  void gather_rows(const Mat& s, const int32_t* i, const Mat& d) override { cpu_->gather_rows(s, i, d); }
+  void argmax(const Mat& l, int32_t* o) override { cpu_->argmax(l, o); }
+  void sample(const Mat& l, const SampleState& st, int32_t* o) override { cpu_->sample(l, st, o); }
+  void logprobs(const Mat& l, const int32_t* c, int n, float* clp, int32_t* ti, float* tl) override {
+    cpu_->logprobs(l, c, n, clp, ti, tl);
+  }
+  void to_f32(const Mat& s, float* d) override { cpu_->to_f32(s, d); }
+  void causal_conv1d(const CausalConv1dParams& p) override { cpu_->causal_conv1d(p); }
+  void gated_delta_rule(const GatedDeltaRuleParams& p) override { cpu_->gated_delta_rule(p); }
+  void gated_rmsnorm(const GatedRmsNormParams& p) override { cpu_->gated_rmsnorm(p); }
+  int allocs = 0;
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend(1);
+};
+
+TEST(Int4Backend, ABackendWithoutInt4IsRefusedBeforeAnythingIsAllocated) {
+  NoInt4Backend be;
+  const Engine e = build("qwen3", 32);
+  test::expect_error([&] { Model m(e, be, bounds(1, 16)); },
+                     {"no-int4 backend: int4 weights are not supported yet", "8 INT4 linear weights", "--device cpu"});
+  EXPECT_EQ(be.allocs, 0);
+  // The same backend runs the unquantized model (the refusal is about INT4, not the backend).
+  const Engine plain = build_engine(test::fixture("qwen3"));
+  Model m(plain, be, bounds(1, 16));
+  EXPECT_GT(be.allocs, 0);
+}
+
 TEST(Int4Cli, BuildInspectAndGenerateAgreeWithQuantizingAFolder) {
   test::TempDir dir;
   const std::string bin = q(INGOT_BINARY), fx = q(test::fixture("qwen3")), eng = q(dir.file("q.ingot"));
