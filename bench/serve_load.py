@@ -10,6 +10,10 @@ evenly between its first and last), which excludes the ramp-up and the drain of 
 that a fixed count per client includes. With --compare-alone, every completed request is then sent
 again on its own, one at a time, and its text compared with what it gave under load (the batch
 invariance test of issue 11: greedy output must not depend on what runs beside it).
+With --prompt-ids FILE (a JSON array of token ids, e.g. real text tokenized), each prompt is a random
+window of that sequence instead: a trained model then continues text it knows (random ids can land on
+tokens a small model never learned, whose embeddings are zero, and it answers with tokens that decode to
+no text, so no time to first text can be measured).
 Python's standard library only, so it runs wherever the server does.
 
 Usage: python3 bench/serve_load.py --url http://127.0.0.1:8080 --clients 64 --requests 10 \
@@ -52,6 +56,10 @@ class Load:
         self.tokens = self.done = self.dropped = 0
         self.finished = []  # (request body, text) of each completed request, for --compare-alone
         self.spans = []  # (first token time, last token time, tokens) of each completed request
+        self.source = []  # --prompt-ids: the sequence prompts are windows of (checked in main)
+        if args.prompt_ids:
+            with open(args.prompt_ids) as f:
+                self.source = json.load(f)
         self.t0 = 0.0
 
     def get(self, path):
@@ -68,7 +76,13 @@ class Load:
         """Streams one request (a random one unless body is given); returns its text when it completed."""
         a = self.args
         if body is None:
-            prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(*a.prompt_tokens))]
+            n = rng.randint(*a.prompt_tokens)
+            if self.source:
+                n = min(n, len(self.source))
+                at = rng.randrange(0, len(self.source) - n + 1)
+                prompt = self.source[at:at + n]
+            else:
+                prompt = [rng.randrange(100, vocab) for _ in range(n)]
             body = {"prompt": prompt, "max_tokens": rng.randint(*a.max_tokens), "temperature": 0, "stream": True,
                     "stream_options": {"include_usage": True}, "ignore_eos": True}
             drop_after = rng.randint(1, 8) if rng.random() < a.drop else None
@@ -216,11 +230,21 @@ def main():
                    help="each request waits a random 0..MS milliseconds before it is sent (random arrival times)")
     p.add_argument("--compare-alone", action="store_true",
                    help="then send each completed request alone and compare its text (batch invariance)")
+    p.add_argument("--prompt-ids", default="",
+                   help="JSON file of a token id array: prompts are random windows of it (default: random ids)")
     p.add_argument("--api-key", default="")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     if args.duration > 0 and not 0 <= args.warmup < args.duration:
         p.error("--warmup must lie in [0, --duration)")
+    if args.prompt_ids:
+        try:
+            with open(args.prompt_ids) as f:
+                ids = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--prompt-ids {args.prompt_ids}: {e}")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            p.error(f"--prompt-ids {args.prompt_ids}: need a non-empty JSON array of non-negative token ids")
     out = Load(args).run()
     print(json.dumps(out))
     differs = args.compare_alone and out["alone_identical"] != out["alone_compared"]

@@ -153,10 +153,127 @@ TEST(OnnxExport, TensorRtFormUsesOpset17Ops) {
     EXPECT_FALSE(ops.count(newer)) << newer << " is beyond opset 17";
 }
 
+// Qwen3.5: the linear layers' f32 conv and recurrent states are graph inputs and outputs in layer order
+// beside the attention layers' caches, the delta rule is a Scan whose body's ops the contract lists, and
+// the attention layers carry the output gate. (Its logits: onnx_export_parity.)
+TEST(OnnxExport, Qwen35StatesAreInputsAndOutputsAndTheDeltaRuleIsAScan) {
+  test::TempDir tmp;
+  ExportOptions o;
+  o.capacity = 32;
+  o.dtype = DType::F16;
+  const std::string out = tmp.file("q35");
+  const ExportResult r = export_onnx(test::fixture("qwen3_5_text"), out, o);
+  const LinearAttnSpec& l = r.spec.linear;
+  const onnx::ModelProto m = read_model(out + "/model.onnx");
+  const auto& g = m.graph();
+  std::vector<std::string> ins, outs;
+  for (const auto& v : g.input()) ins.push_back(v.name());
+  for (const auto& v : g.output()) outs.push_back(v.name());
+  std::vector<std::string> want_in{"input_ids", "write_indices"}, want_out{"logits"};
+  int64_t scans = 0;
+  for (int64_t i = 0; i < r.spec.layers; ++i) {
+    const std::string n = std::to_string(i);
+    if (r.spec.kind(i) == LayerKind::Linear) {
+      want_in.insert(want_in.end(), {"past_conv_state." + n, "past_recurrent_state." + n});
+      want_out.insert(want_out.end(), {"present_conv_state." + n, "present_recurrent_state." + n});
+      ++scans;
+    } else {
+      want_in.insert(want_in.end(), {"past_key_values." + n + ".key", "past_key_values." + n + ".value"});
+      want_out.insert(want_out.end(), {"present." + n + ".key", "present." + n + ".value"});
+    }
+  }
+  ASSERT_GT(scans, 0) << "the fixture has linear layers";
+  ASSERT_LT(scans, r.spec.layers) << "and attention layers";
+  EXPECT_EQ(ins, want_in);
+  EXPECT_EQ(outs, want_out);
+  for (const auto& v : g.input()) {
+    if (v.name().find("_state.") == std::string::npos) continue;
+    EXPECT_EQ(v.type().tensor_type().elem_type(), onnx::TensorProto::FLOAT) << v.name() << ": f32 in an fp16 export";
+    const bool conv = v.name().rfind("past_conv_state.", 0) == 0;
+    EXPECT_EQ(dims(v), conv ? "batch," + std::to_string(l.conv_channels()) + "," + std::to_string(l.conv_kernel - 1)
+                            : "batch," + std::to_string(l.v_heads) + "," + std::to_string(l.k_dim) + "," +
+                                  std::to_string(l.v_dim))
+        << v.name();
+  }
+  int64_t found = 0;
+  for (const auto& n : g.node()) {
+    if (n.op_type() != "Scan") continue;
+    ++found;
+    ASSERT_EQ(n.attribute_size(), 2);
+    bool has_body = false;
+    for (const auto& a : n.attribute()) has_body |= a.name() == "body" && a.has_g() && a.g().node_size() > 0;
+    EXPECT_TRUE(has_body);
+    EXPECT_EQ(n.output(0).rfind("present_recurrent_state.", 0), 0u) << "the Scan's final state is the present state";
+  }
+  EXPECT_EQ(found, scans);
+  const auto contract = nlohmann::json::parse(std::ifstream(out + "/ingot_export.json"));
+  const std::vector<std::string> listed = contract["ops"];
+  for (const char* op : {"Scan", "Conv", "Softplus", "Squeeze", "MatMul", "Attention"})
+    EXPECT_NE(std::find(listed.begin(), listed.end(), op), listed.end()) << op << " (Squeeze and MatMul: the body's)";
+  EXPECT_EQ(contract["linear_state"]["layers"].size(), size_t(scans));
+  EXPECT_EQ(contract["linear_state"]["dtype"], "float32");
+  EXPECT_EQ(contract["cache"]["dtype"], "float16");
+  EXPECT_EQ(contract["inputs"].size(), size_t(g.input_size()));
+}
+
+// f16 compute: every Gemm reads an f16 activation and its f16 weight initializer directly (no widening
+// Cast), the residual stream is f16, the norms run in f32 between Casts, logits stay float32.
+TEST(OnnxExport, Fp16ComputeKeepsMatmulsInFp16AndNormsInF32) {
+  test::TempDir tmp;
+  ExportOptions o;
+  o.capacity = 16;
+  o.dtype = DType::F16;
+  o.compute = DType::F16;
+  o.target = Target::TensorRT;
+  const std::string out = tmp.file("c16");
+  export_onnx(test::fixture("qwen3"), out, o);
+  const onnx::ModelProto m = read_model(out + "/model.onnx");
+  std::map<std::string, int32_t> init_type;
+  for (const auto& t : m.graph().initializer()) init_type[t.name()] = t.data_type();
+  std::map<std::string, const onnx::NodeProto*> producer;
+  for (const auto& n : m.graph().node())
+    for (const auto& y : n.output()) producer[y] = &n;
+  int64_t gemms = 0, reduce_f32 = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() == "Gemm") {
+      ++gemms;
+      ASSERT_TRUE(init_type.count(n.input(1))) << n.name() << ": weight " << n.input(1) << " is read as stored";
+      EXPECT_EQ(init_type[n.input(1)], onnx::TensorProto::FLOAT16) << n.input(1);
+      const auto* p = producer.count(n.input(0)) ? producer[n.input(0)] : nullptr;
+      if (p && p->op_type() == "Cast") {
+        for (const auto& a : p->attribute())
+          if (a.name() == "to") EXPECT_EQ(a.i(), onnx::TensorProto::FLOAT16) << n.name() << "'s activation";
+      }
+    }
+    if (n.op_type() == "ReduceMean") {  // the norms' mean of squares: its input comes from f32 values
+      const auto* sq = producer.at(n.input(0));
+      ASSERT_EQ(sq->op_type(), "Mul");
+      const auto* x = producer.count(sq->input(0)) ? producer[sq->input(0)] : nullptr;
+      if (x && x->op_type() == "Cast") ++reduce_f32;
+    }
+  }
+  EXPECT_GT(gemms, 0);
+  EXPECT_GT(reduce_f32, 0) << "the norms widen their f16 input to f32";
+  EXPECT_EQ(m.graph().output(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT) << "logits";
+  const auto contract = nlohmann::json::parse(std::ifstream(out + "/ingot_export.json"));
+  EXPECT_EQ(contract["compute_dtype"], "f16");
+  EXPECT_EQ(contract["cache"]["dtype"], "float16");
+
+  ExportOptions bad = o;
+  bad.compute = DType::BF16;  // refused before anything is written
+  bad.dtype = DType::BF16;
+  EXPECT_THROW(export_onnx(test::fixture("qwen3"), tmp.file("b"), bad), Error);
+  bad.compute = DType::F16;  // f16 compute needs f16 weights
+  EXPECT_THROW(export_onnx(test::fixture("qwen3"), tmp.file("b"), bad), Error);
+  EXPECT_FALSE(fs::exists(tmp.file("b")));
+}
+
 TEST(OnnxExport, RefusalsWriteNothing) {
   test::TempDir tmp;
   ExportOptions o;
-  EXPECT_THROW(export_onnx(test::fixture("qwen3_5_text"), tmp.file("out"), o), Error);
+  o.max_batch = 0;  // a bound out of range: refused before the temporary folder exists
+  EXPECT_THROW(export_onnx(test::fixture("qwen2"), tmp.file("out"), o), Error);
+  o.max_batch = 1;
   fs::create_directories(tmp.file("other"));
   std::ofstream(tmp.file("other/keep.txt")) << "keep";
   o.force = true;

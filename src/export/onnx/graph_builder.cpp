@@ -27,6 +27,9 @@ void set_attr(onnx::NodeProto& n, const Attr& a) {
   } else if (auto* s = std::get_if<std::string>(&a.value)) {
     p->set_type(onnx::AttributeProto::STRING);
     p->set_s(*s);
+  } else if (auto* g = std::get_if<Subgraph>(&a.value)) {
+    p->set_type(onnx::AttributeProto::GRAPH);
+    *p->mutable_g() = *g->graph;
   } else {
     p->set_type(onnx::AttributeProto::INTS);
     for (int64_t v : std::get<std::vector<int64_t>>(a.value)) p->add_ints(v);
@@ -155,7 +158,9 @@ void GraphBuilder::node_named(const std::string& op, const std::vector<std::stri
                               const std::vector<std::string>& outputs, const std::vector<Attr>& attrs) {
   onnx::NodeProto* n = graph_->add_node();
   n->set_op_type(op);
-  n->set_name(op + "_" + std::to_string(graph_->node_size() - 1));
+  // A body's node names carry the body's name: node names stay unique across the model.
+  const std::string scope = open_.empty() ? std::string() : graph_->name() + "/";
+  n->set_name(scope + op + "_" + std::to_string(graph_->node_size() - 1));
   for (const std::string& i : inputs) n->add_input(i);
   for (const std::string& o : outputs) n->add_output(o);
   for (const Attr& a : attrs) set_attr(*n, a);
@@ -169,15 +174,48 @@ void GraphBuilder::output(const std::string& name, OnnxType type, const std::vec
   set_value_info(*graph_->add_output(), name, type, dims);
 }
 
-int64_t GraphBuilder::node_count() const { return graph_->node_size(); }
+void GraphBuilder::begin_subgraph(const std::string& name) {
+  auto body = std::make_shared<onnx::GraphProto>();
+  body->set_name(name);
+  open_.emplace_back(graph_, body);
+  graph_ = body.get();
+}
+
+Subgraph GraphBuilder::end_subgraph() {
+  if (open_.empty()) throw Error("onnx export: end_subgraph without begin_subgraph");
+  Subgraph s{open_.back().second};
+  graph_ = open_.back().first;
+  open_.pop_back();
+  return s;
+}
+
+namespace {
+int64_t count_nodes(const onnx::GraphProto& g) {
+  int64_t n = g.node_size();
+  for (const onnx::NodeProto& node : g.node())
+    for (const onnx::AttributeProto& a : node.attribute())
+      if (a.has_g()) n += count_nodes(a.g());
+  return n;
+}
+void collect_ops(const onnx::GraphProto& g, std::set<std::string>& s) {
+  for (const onnx::NodeProto& node : g.node()) {
+    s.insert(node.op_type());
+    for (const onnx::AttributeProto& a : node.attribute())
+      if (a.has_g()) collect_ops(a.g(), s);
+  }
+}
+}  // namespace
+
+int64_t GraphBuilder::node_count() const { return count_nodes(model_->graph()); }
 
 std::vector<std::string> GraphBuilder::op_types() const {
   std::set<std::string> s;
-  for (const onnx::NodeProto& n : graph_->node()) s.insert(n.op_type());
+  collect_ops(model_->graph(), s);
   return {s.begin(), s.end()};
 }
 
 void GraphBuilder::save(const std::string& model_path, const std::string& producer_version) {
+  if (!open_.empty()) throw Error("onnx export: a subgraph was left open");
   model_->set_producer_name("ingot");
   model_->set_producer_version(producer_version);
   data_.flush();

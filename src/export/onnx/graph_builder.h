@@ -25,8 +25,13 @@ namespace ingot::onnx_export {
 enum class OnnxType : int32_t { Float = 1, Int64 = 7, Bool = 9, Float16 = 10, BFloat16 = 16 };
 OnnxType onnx_type(DType t);  // F32, F16, BF16 and I64; Error for the rest
 
-// One attribute value: int, float, string, list of ints.
-using AttrValue = std::variant<int64_t, float, std::string, std::vector<int64_t>>;
+// A graph built as a node's body (Scan's): shared so an Attr can carry it by value.
+struct Subgraph {
+  std::shared_ptr<onnx::GraphProto> graph;
+};
+
+// One attribute value: int, float, string, list of ints, graph.
+using AttrValue = std::variant<int64_t, float, std::string, std::vector<int64_t>, Subgraph>;
 struct Attr {
   std::string name;
   AttrValue value;
@@ -71,6 +76,15 @@ class GraphBuilder {
   void node_named(const std::string& op, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
                   const std::vector<Attr>& attrs = {});
 
+  // Between begin_subgraph and end_subgraph every node, constant, input and output goes into a fresh body
+  // graph (a Scan's), which end_subgraph returns for the node's `body` attribute. The body may read the
+  // outer graph's values by name (ONNX's outer-scope rule); names stay unique across both.
+  void begin_subgraph(const std::string& name);
+  Subgraph end_subgraph();
+
+  // A fresh unique value name (for a node_named output that is not a graph output).
+  std::string fresh_name(const std::string& hint) { return fresh(hint); }
+
   void input(const std::string& name, OnnxType type, const std::vector<Dim>& dims);
   void output(const std::string& name, OnnxType type, const std::vector<Dim>& dims);
 
@@ -79,12 +93,13 @@ class GraphBuilder {
 
   uint64_t data_bytes() const { return data_offset_; }
   int64_t node_count() const;
-  std::vector<std::string> op_types() const;  // distinct, sorted: what the contract lists
+  std::vector<std::string> op_types() const;  // distinct, sorted, bodies included: what the contract lists
 
  private:
   std::string fresh(const std::string& hint);
   std::unique_ptr<onnx::ModelProto> model_;
-  onnx::GraphProto* graph_ = nullptr;  // owned by model_
+  onnx::GraphProto* graph_ = nullptr;  // owned by model_, or the open subgraph's (open_ holds it)
+  std::vector<std::pair<onnx::GraphProto*, std::shared_ptr<onnx::GraphProto>>> open_;  // enclosing graph, body
   int64_t opset_ = 0;
   int64_t counter_ = 0;
   std::string data_path_, data_name_;

@@ -1,5 +1,6 @@
 #include "export/onnx/onnx_export.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "export/onnx/graph_builder.h"
+#include "export/onnx/linear_attention_graph.h"
 #include "io/engine.h"
 #include "io/model_config.h"
 #include "models/rope.h"
@@ -50,21 +52,29 @@ Attr af(const char* n, float v) { return {n, v}; }
 Attr as(const char* n, std::string v) { return {n, std::move(v)}; }
 Attr ints(const char* n, std::vector<int64_t> v) { return {n, std::move(v)}; }
 
-// The decoder graph of one engine. Activations are f32 whatever the weight dtype: 16-bit weights are
-// stored 16-bit and widened by a Cast at their use (runtimes fold it at load), as ingot's own CPU
-// reference computes; the caches are stored in cache_dtype(weight dtype).
+// The decoder graph of one engine. With f32 compute (the default) activations are f32 whatever the weight
+// dtype: 16-bit weights are stored 16-bit and widened by a Cast at their use (runtimes fold it at load),
+// as ingot's own CPU reference computes. With f16 compute (f16 weights) the residual stream, every
+// projection, attention's matmuls and the MLP are f16, and the reductions that lose digits in f16 (the
+// norms, the decomposed softmax) plus RoPE and Qwen3.5's conv/delta rule run in f32 between Casts. The
+// caches are stored in cache_dtype(weight dtype); logits are f32 in every export.
 class DecoderGraph {
  public:
   DecoderGraph(GraphBuilder& g, const Engine& e, const ExportOptions& o, int64_t capacity)
-      : g_(g), e_(e), s_(e.spec), o_(o), cap_(capacity), cache_dt_(cache_dtype(e.weight_dtype)) {}
+      : g_(g), e_(e), s_(e.spec), o_(o), cap_(capacity), cache_dt_(cache_dtype(e.weight_dtype)), act_(o.compute) {}
 
   void build() {
     const OnnxType cache_t = onnx_type(cache_dt_);
     g_.input("input_ids", OnnxType::Int64, {std::string("batch"), std::string("sequence")});
     g_.input("write_indices", OnnxType::Int64, {std::string("batch")});
-    for (int64_t i = 0; i < s_.layers; ++i)
-      for (const char* kv : {"key", "value"})
-        g_.input(past_name(i, kv), cache_t, cache_dims());
+    for (int64_t i = 0; i < s_.layers; ++i) {
+      if (s_.kind(i) == LayerKind::Linear) {  // Qwen3.5's linear layers: f32 states, as the runtime's
+        g_.input(state_name("past", "conv", i), OnnxType::Float, conv_dims());
+        g_.input(state_name("past", "recurrent", i), OnnxType::Float, recurrent_dims());
+        continue;
+      }
+      for (const char* kv : {"key", "value"}) g_.input(past_name(i, kv), cache_t, cache_dims());
+    }
 
     ids_shape_ = g_.op("Shape", {"input_ids"}, {}, "ids_shape");  // [2] = (B, S)
     seq_ = g_.op("Gather", {ids_shape_, g_.scalar_i64(1, "one")}, {ai("axis", 0)}, "seq_len");  // scalar S
@@ -72,22 +82,34 @@ class DecoderGraph {
     masks();
     // x [N, hidden], N = B*S tokens, token-major like the runtime's packed activations.
     const std::string ids_flat = g_.op("Reshape", {"input_ids", g_.const_i64({-1}, "flat")}, {}, "ids_flat");
-    std::string x = g_.op("Gather", {weight("tok_embeddings"), ids_flat}, {ai("axis", 0)}, "embed");
+    // x [N, hidden] in the compute dtype: the residual stream.
+    std::string x = g_.op("Gather", {mm_weight("tok_embeddings"), ids_flat}, {ai("axis", 0)}, "embed");
     for (int64_t i = 0; i < s_.layers; ++i) x = layer(x, i);
     const std::string h = rmsnorm(x, weight("final_norm"), "final_norm");
-    const std::string head = s_.tie_embeddings ? weight("tok_embeddings") : weight("lm_head");
-    const std::string logits2 = g_.op("Gemm", {h, head}, {ai("transB", 1)}, "logits2d");  // [N, vocab]
+    const std::string head = s_.tie_embeddings ? mm_weight("tok_embeddings") : mm_weight("lm_head");
+    // [N, vocab], float32 whatever the compute dtype (the contract's logits)
+    const std::string logits2 = to_f32(g_.op("Gemm", {h, head}, {ai("transB", 1)}, "logits2d"));
     const std::string lshape = g_.op("Concat", {ids_shape_, g_.const_i64({s_.vocab}, "vocab")}, {ai("axis", 0)});
     g_.node_named("Reshape", {logits2, lshape}, {"logits"});
     g_.output("logits", OnnxType::Float, {std::string("batch"), std::string("sequence"), s_.vocab});
-    for (int64_t i = 0; i < s_.layers; ++i)
+    for (int64_t i = 0; i < s_.layers; ++i) {
+      if (s_.kind(i) == LayerKind::Linear) {
+        g_.output(state_name("present", "conv", i), OnnxType::Float, conv_dims());
+        g_.output(state_name("present", "recurrent", i), OnnxType::Float, recurrent_dims());
+        continue;
+      }
       for (const char* kv : {"key", "value"}) g_.output(present_name(i, kv), cache_t, cache_dims());
+    }
   }
 
   static std::string past_name(int64_t i, const char* kv) {
     return "past_key_values." + std::to_string(i) + "." + kv;
   }
   static std::string present_name(int64_t i, const char* kv) { return "present." + std::to_string(i) + "." + kv; }
+  // past_conv_state.{i}, present_recurrent_state.{i}, ...
+  static std::string state_name(const char* when, const char* what, int64_t i) {
+    return std::string(when) + "_" + what + "_state." + std::to_string(i);
+  }
 
  private:
   bool heads_first() const { return o_.layout == CacheLayout::HeadsFirst; }
@@ -95,17 +117,37 @@ class DecoderGraph {
     if (heads_first()) return {std::string("batch"), s_.kv_heads, cap_, s_.head_dim};
     return {std::string("batch"), cap_, s_.kv_dim()};
   }
-
-  // The runtime weight `name` as an f32 value (written once; 16-bit ones widened by one Cast).
-  std::string weight(const std::string& name) {
-    auto it = f32_.find(name);
-    if (it != f32_.end()) return it->second;
-    const HostTensor& t = e_.get(name);
-    std::string v = g_.weight(name, t.dtype(), t.shape(), t.data());
-    if (t.dtype() != DType::F32) v = g_.op("Cast", {v}, {ai("to", int64_t(OnnxType::Float))}, name + "_f32");
-    return f32_[name] = v;
+  std::vector<Dim> conv_dims() const {  // [B, conv channels, kernel - 1]
+    return {std::string("batch"), s_.linear.conv_channels(), s_.linear.conv_kernel - 1};
   }
-  std::string optional_weight(const std::string& name) { return e_.find(name) ? weight(name) : std::string(); }
+  std::vector<Dim> recurrent_dims() const {  // [B, v_heads, d_k, d_v]
+    return {std::string("batch"), s_.linear.v_heads, s_.linear.k_dim, s_.linear.v_dim};
+  }
+
+  // The runtime weight `name` as a value of dtype `dt` (stored once as the engine holds it; a Cast where
+  // the dtypes differ, which runtimes fold at load).
+  std::string weight_as(const std::string& name, DType dt) {
+    auto it = weights_.find({name, dt});
+    if (it != weights_.end()) return it->second;
+    const HostTensor& t = e_.get(name);
+    auto stored = weights_.find({name, t.dtype()});
+    std::string v = stored != weights_.end() ? stored->second
+                                             : (weights_[{name, t.dtype()}] = g_.weight(name, t.dtype(), t.shape(), t.data()));
+    if (t.dtype() != dt) v = g_.op("Cast", {v}, {ai("to", int64_t(onnx_type(dt)))}, name + "_" + std::string(dtype_name(dt)));
+    return weights_[{name, dt}] = v;
+  }
+  // f32: norms, RoPE-side and linear-attention weights. mm_weight: what a matmul in the compute dtype reads.
+  std::string weight(const std::string& name) { return weight_as(name, DType::F32); }
+  std::string mm_weight(const std::string& name) { return weight_as(name, act_); }
+  std::string optional_mm_weight(const std::string& name) { return e_.find(name) ? mm_weight(name) : std::string(); }
+
+  // Casts between f32 and the compute dtype (no node when they agree).
+  std::string cast(const std::string& x, DType from, DType to, const char* hint) {
+    if (from == to) return x;
+    return g_.op("Cast", {x}, {ai("to", int64_t(onnx_type(to)))}, hint);
+  }
+  std::string to_f32(const std::string& x) { return cast(x, act_, DType::F32, "to_f32"); }
+  std::string to_act(const std::string& x) { return cast(x, DType::F32, act_, "to_act"); }
 
   // ReduceMean over the last axis: axes an attribute before opset 18, an input from 18 on.
   std::string mean_last(const std::string& x) {
@@ -114,8 +156,15 @@ class DecoderGraph {
     return g_.op("ReduceMean", {x}, {ints("axes", {-1}), ai("keepdims", 1)}, "mean");
   }
 
-  // RMSNorm over the last axis in f32, in transformers' order: w * (x * 1/sqrt(mean(x^2) + eps)).
-  std::string rmsnorm(const std::string& x, const std::string& w, const std::string& hint) {
+  // RMSNorm over the last axis in f32, in transformers' order: w * (x * 1/sqrt(mean(x^2) + eps)). Input and
+  // output in the compute dtype; with f16 compute the sum of squares would lose digits (and overflow past
+  // 256 per element), so the norm runs in f32 between Casts, as transformers' Qwen/Llama norms do.
+  std::string rmsnorm(const std::string& x_act, const std::string& w, const std::string& hint) {
+    return to_act(rmsnorm_f32(x_act, w, hint));
+  }
+  // The same, its output left in f32 (q/k norms feed RoPE, which runs in f32: one rounding, not two).
+  std::string rmsnorm_f32(const std::string& x_act, const std::string& w, const std::string& hint) {
+    const std::string x = to_f32(x_act);
     const std::string ms = mean_last(g_.op("Mul", {x, x}, {}, hint + "_sq"));
     const std::string inv =
         g_.op("Reciprocal", {g_.op("Sqrt", {g_.op("Add", {ms, eps_})}, {}, hint + "_rms")}, {}, hint + "_inv");
@@ -139,8 +188,8 @@ class DecoderGraph {
     const std::string scale = g_.scalar_f32(rope_attention_scale(s_), "rope_scale");
     auto table = [&](const char* fn) {
       const std::string half = g_.op("Mul", {g_.op(fn, {ang}), scale}, {}, fn);
-      const std::string full = g_.op("Concat", {half, half}, {ai("axis", -1)});          // [B, S, head_dim]
-      return g_.op("Unsqueeze", {full, g_.const_i64({2}, "axes")}, {}, std::string(fn) + "_table");  // [B,S,1,hd]
+      const std::string full = g_.op("Concat", {half, half}, {ai("axis", -1)});          // [B, S, rope_dim]
+      return g_.op("Unsqueeze", {full, g_.const_i64({2}, "axes")}, {}, std::string(fn) + "_table");  // [B,S,1,rd]
     };
     cos_ = table("Cos");
     sin_ = table("Sin");
@@ -172,12 +221,21 @@ class DecoderGraph {
     }
   }
 
-  // x [B,S,h,hd] rotated in place of transformers' rotate_half: x*cos + concat(-x2, x1)*sin.
-  std::string rope(const std::string& x, const std::string& hint) {
-    const int64_t half = s_.head_dim / 2;
+  // x [B,S,h,hd] rotated in place of transformers' rotate_half: x*cos + concat(-x2, x1)*sin over the
+  // first rope_dim dims; the rest (partial rotary, Qwen3.5) pass through unchanged.
+  // f32 in and out (the tables are f32).
+  std::string rope(const std::string& x_in, const std::string& hint) {
+    const int64_t rd = s_.rope_dim(), half = rd / 2, pass = s_.head_dim - rd;
+    std::string x = x_in, rest;
+    if (pass > 0) {
+      auto p = g_.node("Split", {x_in, g_.const_i64({rd, pass}, "split")}, 2, {ai("axis", -1)}, hint + "_rotary");
+      x = p[0];
+      rest = p[1];
+    }
     auto parts = g_.node("Split", {x, g_.const_i64({half, half}, "split")}, 2, {ai("axis", -1)}, hint + "_half");
     const std::string rot = g_.op("Concat", {g_.op("Neg", {parts[1]}), parts[0]}, {ai("axis", -1)}, hint + "_rot");
-    return g_.op("Add", {g_.op("Mul", {x, cos_}), g_.op("Mul", {rot, sin_})}, {}, hint + "_rope");
+    const std::string y = g_.op("Add", {g_.op("Mul", {x, cos_}), g_.op("Mul", {rot, sin_})}, {}, hint + "_rope");
+    return pass > 0 ? g_.op("Concat", {y, rest}, {ai("axis", -1)}, hint + "_rope_full") : y;
   }
 
   std::string linear(const std::string& x, const std::string& w, const std::string& b, const std::string& hint) {
@@ -186,22 +244,16 @@ class DecoderGraph {
     return g_.op("Gemm", in, {ai("transB", 1)}, hint);  // x [N, in] · w[out, in]^T (+ b) -> [N, out]
   }
 
-  std::string to_dtype(const std::string& x, DType dt) {
-    if (dt == DType::F32) return x;
-    return g_.op("Cast", {x}, {ai("to", int64_t(onnx_type(dt)))}, "to_cache");
-  }
-  std::string from_cache(const std::string& x) {
-    if (cache_dt_ == DType::F32) return x;
-    return g_.op("Cast", {x}, {ai("to", int64_t(OnnxType::Float))}, "from_cache");
-  }
+  std::string to_cache(const std::string& x) { return cast(x, act_, cache_dt_, "to_cache"); }
+  std::string from_cache(const std::string& x) { return cast(x, cache_dt_, act_, "from_cache"); }
 
   // Writes the chunk's K or V (x4 [B,S,kv_heads,hd], after RoPE for K) at slots write_index.. of the
-  // cache; returns the cache as f32 [B, kv_heads, capacity, hd] for attention.
+  // cache; returns the cache in the compute dtype, [B, kv_heads, capacity, hd], for attention.
   std::string cache_update(const std::string& x4, int64_t layer, const char* kv) {
     std::string upd;  // heads-first [B,kvh,S,hd] (slots on axis 2), flattened [B,S,kvh*hd] (axis 1)
     if (heads_first()) upd = g_.op("Transpose", {x4}, {ints("perm", {0, 2, 1, 3})}, "kv_heads_first");
     else upd = g_.op("Reshape", {x4, g_.const_i64({0, 0, -1}, "flat_kv")}, {}, "kv_flat");
-    upd = to_dtype(upd, cache_dt_);
+    upd = to_cache(upd);
     const int64_t axis = heads_first() ? 2 : 1;
     const std::string present = present_name(layer, kv);
     if (o_.target == Target::OnnxRuntime) {
@@ -224,11 +276,15 @@ class DecoderGraph {
     return c;
   }
 
-  // q [B,heads,S,hd], k/v [B,kv_heads,C,hd] -> [B,heads,S,hd]
-  std::string attention(const std::string& q, const std::string& k, const std::string& v, const std::string& mask) {
+  // q [B,heads,S,hd], k/v [B,kv_heads,C,hd] -> [B,heads,S,hd], all in the compute dtype.
+  std::string attention(const std::string& q, const std::string& k, const std::string& v, int64_t window) {
     const float scale = 1.0f / std::sqrt(float(s_.head_dim));
     if (o_.target == Target::OnnxRuntime)  // grouped-query natively (q_heads a multiple of kv_heads)
-      return g_.op("Attention", {q, k, v, mask}, {af("scale", scale)}, "attn");
+      // With f16 compute the op gets f32 copies of q, k and v: ONNX Runtime 1.30's CPU kernel computes an f16
+      // Attention in f16 whatever softmax_precision says (measured: 2.21e-2 max |dlogit| on models/demo,
+      // over the 16-bit bound, against 1.17e-2 with f32 inputs, the decomposed form's figure).
+      return to_act(g_.op("Attention", {to_f32(q), to_f32(k), to_f32(v), mask_.at(window)}, {af("scale", scale)}, "attn"));
+    const std::string& mask = mask_.at(window);
     std::string kk = k, vv = v;
     const int64_t group = s_.heads / s_.kv_heads;
     if (group > 1) {  // repeat each kv head for its group of query heads: [B,kvh,C,hd] -> [B,heads,C,hd]
@@ -241,42 +297,70 @@ class DecoderGraph {
       vv = repeat(v);
     }
     const std::string kt = g_.op("Transpose", {kk}, {ints("perm", {0, 1, 3, 2})}, "k_t");  // [B,heads,hd,C]
-    std::string sc = g_.op("MatMul", {q, kt}, {}, "scores");                               // [B,heads,S,C]
+    // [B,heads,S,C]; scaled, masked and normalised in f32 (an f16 softmax's sum would lose digits over
+    // long rows), the probabilities back in the compute dtype for the second matmul.
+    std::string sc = to_f32(g_.op("MatMul", {q, kt}, {}, "scores"));
     sc = g_.op("Add", {g_.op("Mul", {sc, g_.scalar_f32(scale, "scale")}), mask}, {}, "scores_masked");
-    const std::string p = g_.op("Softmax", {sc}, {ai("axis", -1)}, "probs");
+    const std::string p = to_act(g_.op("Softmax", {sc}, {ai("axis", -1)}, "probs"));
     return g_.op("MatMul", {p, vv}, {}, "attn");
+  }
+
+  // Qwen3.5's linear-attention mixer (linear_attention_graph.cpp): h [N, hidden] -> [N, hidden].
+  std::string linear_mixer(const std::string& h, int64_t i) {
+    const std::string L = "layers." + std::to_string(i) + ".";
+    // [N, C + V + 2*v_heads]; the conv and the delta rule run in f32 whatever the compute dtype, as the
+    // runtime keeps their state.
+    const std::string proj = to_f32(linear(h, mm_weight(L + "lin_in"), "", "lin_in"));
+    LinearAttnWeights w{weight(L + "lin_conv"), weight(L + "lin_a_log"), weight(L + "lin_dt_bias"), weight(L + "lin_norm")};
+    LinearAttnContext c{ids_shape_, "write_indices", eps_,
+                        state_name("past", "conv", i), state_name("present", "conv", i),
+                        state_name("past", "recurrent", i), state_name("present", "recurrent", i)};
+    return linear(to_act(linear_attention(g_, s_, w, c, proj, i)), mm_weight(L + "lin_out"), "", "lin_out");
   }
 
   std::string layer(const std::string& x_in, int64_t i) {
     const std::string L = "layers." + std::to_string(i) + ".";
     const std::string h = rmsnorm(x_in, weight(L + "attn_norm"), "attn_norm");
-    const std::string qkv = linear(h, weight(L + "wqkv"), optional_weight(L + "bqkv"), "qkv");  // [N, q+2kv]
-    auto parts = g_.node("Split", {qkv, g_.const_i64({s_.q_dim(), s_.kv_dim(), s_.kv_dim()}, "split")}, 3,
-                         {ai("axis", 1)}, "qkv_part");
+    if (s_.kind(i) == LayerKind::Linear) return mlp(g_.op("Add", {x_in, linear_mixer(h, i)}, {}, "resid"), i);
+    // [N, q + 2kv (+ q: the output gate's rows, gated attention)]
+    const std::string qkv = linear(h, mm_weight(L + "wqkv"), optional_mm_weight(L + "bqkv"), "qkv");
+    std::vector<int64_t> widths{s_.q_dim(), s_.kv_dim(), s_.kv_dim()};
+    if (s_.attn_gate) widths.push_back(s_.q_dim());
+    auto parts = g_.node("Split", {qkv, g_.const_i64(widths, "split")}, int(widths.size()), {ai("axis", 1)}, "qkv_part");
     auto heads4 = [&](const std::string& x, int64_t n) {  // [N, n*hd] -> [B, S, n, hd]
       const std::string shape = g_.op("Concat", {ids_shape_, g_.const_i64({n, s_.head_dim}, "heads")}, {ai("axis", 0)});
       return g_.op("Reshape", {x, shape}, {}, "heads4");
     };
     std::string q = heads4(parts[0], s_.heads), k = heads4(parts[1], s_.kv_heads), v = heads4(parts[2], s_.kv_heads);
-    if (s_.qk_norm) {  // Qwen3: per-head RMSNorm over head_dim before RoPE
-      q = rmsnorm(q, weight(L + "q_norm"), "q_norm");
-      k = rmsnorm(k, weight(L + "k_norm"), "k_norm");
+    // q/k norm (Qwen3, Qwen3.5: per-head RMSNorm over head_dim) and RoPE in f32, back to the compute
+    // dtype once, as the runtime's fused rope_cache_write rounds once.
+    std::string qf = to_f32(q), kf = to_f32(k);
+    if (s_.qk_norm) {
+      qf = rmsnorm_f32(q, weight(L + "q_norm"), "q_norm");
+      kf = rmsnorm_f32(k, weight(L + "k_norm"), "k_norm");
     }
-    q = rope(q, "q");
-    k = rope(k, "k");
+    q = to_act(rope(qf, "q"));
+    k = to_act(rope(kf, "k"));
     const std::string kc = cache_update(k, i, "key"), vc = cache_update(v, i, "value");
     const std::string qt = g_.op("Transpose", {q}, {ints("perm", {0, 2, 1, 3})}, "q_heads_first");  // [B,h,S,hd]
-    const std::string y = attention(qt, kc, vc, mask_.at(s_.window[size_t(i)]));
-    const std::string y2 = g_.op("Reshape", {g_.op("Transpose", {y}, {ints("perm", {0, 2, 1, 3})}),
-                                             g_.const_i64({-1, s_.q_dim()}, "attn2d")},
-                                 {}, "attn_out");  // [N, q_dim]
-    std::string x = g_.op("Add", {x_in, linear(y2, weight(L + "wo"), optional_weight(L + "bo"), "o_proj")}, {}, "resid");
+    const std::string y = attention(qt, kc, vc, s_.window[size_t(i)]);
+    std::string y2 = g_.op("Reshape", {g_.op("Transpose", {y}, {ints("perm", {0, 2, 1, 3})}),
+                                       g_.const_i64({-1, s_.q_dim()}, "attn2d")},
+                           {}, "attn_out");  // [N, q_dim]
+    if (s_.attn_gate) y2 = g_.op("Mul", {y2, g_.op("Sigmoid", {parts[3]})}, {}, "attn_gated");  // Qwen3.5: before o_proj
+    const std::string x = g_.op("Add", {x_in, linear(y2, mm_weight(L + "wo"), optional_mm_weight(L + "bo"), "o_proj")}, {}, "resid");
+    return mlp(x, i);
+  }
+
+  // The SwiGLU MLP block with its residual: x [N, hidden] -> [N, hidden].
+  std::string mlp(const std::string& x, int64_t i) {
+    const std::string L = "layers." + std::to_string(i) + ".";
     const std::string h2 = rmsnorm(x, weight(L + "mlp_norm"), "mlp_norm");
-    const std::string gu = linear(h2, weight(L + "w_gate_up"), "", "gate_up");  // [N, 2*intermediate]
+    const std::string gu = linear(h2, mm_weight(L + "w_gate_up"), "", "gate_up");  // [N, 2*intermediate]
     auto g_u = g_.node("Split", {gu, g_.const_i64({s_.intermediate, s_.intermediate}, "split")}, 2, {ai("axis", 1)},
                        "gate_up_part");
     const std::string act = g_.op("Mul", {g_.op("Mul", {g_u[0], g_.op("Sigmoid", {g_u[0]})}, {}, "silu"), g_u[1]});
-    return g_.op("Add", {x, linear(act, weight(L + "w_down"), "", "down")}, {}, "resid");
+    return g_.op("Add", {x, linear(act, mm_weight(L + "w_down"), "", "down")}, {}, "resid");
   }
 
   GraphBuilder& g_;
@@ -285,8 +369,9 @@ class DecoderGraph {
   const ExportOptions& o_;
   int64_t cap_;
   DType cache_dt_;
-  std::map<std::string, std::string> f32_;
-  std::map<int64_t, std::string> mask_;
+  DType act_;  // the compute dtype: F32 or F16
+  std::map<std::pair<std::string, DType>, std::string> weights_;  // (engine name, dtype) -> value
+  std::map<int64_t, std::string> mask_;  // per window: the f32 additive mask
   std::string ids_shape_, seq_, pos_, cos_, sin_, eps_;
 };
 
@@ -347,14 +432,28 @@ nlohmann::json contract(const ModelSpec& s, const ExportOptions& o, DType dt, in
   inputs.push_back({{"name", "write_indices"}, {"dtype", "int64"}, {"shape", {"batch"}}});
   outputs.push_back({{"name", "logits"}, {"dtype", "float32"}, {"shape", {"batch", "sequence", s.vocab}}});
   const char* onnx_dt = cache_dt == DType::F32 ? "float32" : "float16";
-  for (int64_t i = 0; i < s.layers; ++i)
-    for (const char* kv : {"key", "value"}) {
-      inputs.push_back({{"name", "past_key_values." + std::to_string(i) + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
-      outputs.push_back({{"name", "present." + std::to_string(i) + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+  const LinearAttnSpec& l = s.linear;
+  const json conv_shape = json::array({"batch", l.conv_channels(), l.conv_kernel - 1});
+  const json rec_shape = json::array({"batch", l.v_heads, l.k_dim, l.v_dim});
+  json linear_layers = json::array();
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const std::string n = std::to_string(i);
+    if (s.kind(i) == LayerKind::Linear) {
+      linear_layers.push_back(i);
+      inputs.push_back({{"name", "past_conv_state." + n}, {"dtype", "float32"}, {"shape", conv_shape}});
+      inputs.push_back({{"name", "past_recurrent_state." + n}, {"dtype", "float32"}, {"shape", rec_shape}});
+      outputs.push_back({{"name", "present_conv_state." + n}, {"dtype", "float32"}, {"shape", conv_shape}});
+      outputs.push_back({{"name", "present_recurrent_state." + n}, {"dtype", "float32"}, {"shape", rec_shape}});
+      continue;
     }
+    for (const char* kv : {"key", "value"}) {
+      inputs.push_back({{"name", "past_key_values." + n + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+      outputs.push_back({{"name", "present." + n + "." + kv}, {"dtype", onnx_dt}, {"shape", cache_shape}});
+    }
+  }
   json windows = json::array();
   for (int64_t w : s.window) windows.push_back(w);
-  return {
+  json out = {
       {"format", "ingot-onnx-export"},
       {"format_version", 1},
       {"model", "model.onnx"},
@@ -365,7 +464,7 @@ nlohmann::json contract(const ModelSpec& s, const ExportOptions& o, DType dt, in
       {"ops", ops},
       {"family", s.family},
       {"weight_dtype", cdt},
-      {"compute_dtype", "f32"},
+      {"compute_dtype", std::string(dtype_name(o.compute))},
       {"cache",
        {{"layout", layout_name(o.layout)},
         {"dtype", onnx_dt},
@@ -388,6 +487,17 @@ nlohmann::json contract(const ModelSpec& s, const ExportOptions& o, DType dt, in
       {"vocab_size", s.vocab},
       {"files", side_files},
   };
+  if (!linear_layers.empty())
+    out["linear_state"] = {
+        {"layers", linear_layers},
+        {"dtype", "float32"},
+        {"conv_shape", conv_shape},
+        {"recurrent_shape", rec_shape},
+        {"write", "every row of the call replaces its whole state: present_conv_state = the last kernel-1 conv "
+                  "inputs (slots below 0 read as zeros), present_recurrent_state = the delta rule's state after "
+                  "the chunk's tokens, one token at a time; a row at write index 0 starts from zeros (its past state "
+                  "is not read), a row at w > 0 must bring the state its first w tokens left"}};
+  return out;
 }
 
 }  // namespace
@@ -402,17 +512,22 @@ Target parse_target(const std::string& s) {
 
 ModelSpec check_export(const std::string& model_dir, const std::string& out_dir, const ExportOptions& o) {
   const ModelSpec s = load_model_spec(model_dir);
-  if (s.family != "llama" && s.family != "qwen2" && s.family != "qwen3")
+  // A family the graph writer has not been taught (a new one in the registry) is refused by name.
+  static const char* const kExportable[] = {"llama", "qwen2", "qwen3", "qwen3_5_text", "qwen3_5"};
+  if (std::find(std::begin(kExportable), std::end(kExportable), s.family) == std::end(kExportable))
     throw Error("export: model_type '" + s.family + "' (" + model_dir +
-                "/config.json) cannot be exported to ONNX yet; supported: llama, qwen2, qwen3" +
-                (s.has_linear_layers() ? " (its linear-attention layers' conv and recurrent state need state "
-                                         "inputs/outputs this exporter does not write)"
-                                       : ""));
-  if (s.has_linear_layers() || s.attn_gate)
-    throw Error("export: " + model_dir + " has linear-attention or gated-attention layers, which the ONNX export does not write");
-  if (s.rope_dim() != s.head_dim || s.head_dim % 2 != 0)
-    throw Error("export: " + model_dir + ": partial rotary embeddings (rotary dim " + std::to_string(s.rope_dim()) +
-                " of head_dim " + std::to_string(s.head_dim) + ") are not supported by the ONNX export");
+                "/config.json) cannot be exported to ONNX yet; supported: llama, qwen2, qwen3, qwen3_5_text, qwen3_5");
+  if (s.rope_dim() < 2 || s.rope_dim() > s.head_dim || s.rope_dim() % 2 != 0)
+    throw Error("export: " + model_dir + ": rotary dim " + std::to_string(s.rope_dim()) + " of head_dim " +
+                std::to_string(s.head_dim) + " cannot be exported (it must be even, 2 .. head_dim)");
+  if (o.compute == DType::BF16)
+    throw Error("--compute bf16: not written; ONNX Runtime's CPU provider (the CI's runtime) has no bfloat16 "
+                "MatMul/Gemm kernels and its JavaScript binding no bfloat16 tensors, so such a graph could not be "
+                "proven here; use --compute fp32 (bf16 weights, f32 arithmetic)");
+  if (o.compute == DType::F16 && o.dtype != DType::F16)
+    throw Error("--compute fp16 needs --dtype fp16 (f16 weights feed the f16 matmuls)");
+  if (o.compute != DType::F32 && o.compute != DType::F16)
+    throw Error("--compute: " + std::string(dtype_name(o.compute)) + " is not an arithmetic dtype; use fp32 or fp16");
   if (o.max_batch < 1 || o.max_batch > kMaxBatch)
     throw Error("--max-batch: must be between 1 and " + std::to_string(kMaxBatch) + " (got " + std::to_string(o.max_batch) + ")");
   if (o.capacity < 0 || o.capacity > kMaxCapacity)
