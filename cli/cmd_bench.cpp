@@ -75,6 +75,7 @@ void add_bench(CLI::App& app) {
     ls.threads = a->model.threads;
     ls.batch_invariant = a->model.batch_invariant;
     ls.verify = !a->model.no_verify;
+    ls.int4_group_size = int4_group_option(a->model.quantize, a->model.group_size);
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();
     LoadPlan plan(ls);

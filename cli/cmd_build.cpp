@@ -8,6 +8,7 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "models/family.h"
 #include "options.h"
 #include "progress.h"
 
@@ -36,6 +37,8 @@ void add_build(CLI::App& app) {
     int max_batch = 1;
     int64_t capacity = 0;
     bool quiet = false, force = false;
+    std::string quantize;
+    int64_t group_size = 0;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -55,6 +58,7 @@ void add_build(CLI::App& app) {
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  add_quantize_options(*cmd, a->quantize, a->group_size);
   cmd->callback([a] {
     EngineBuildInfo info;
     BuildOptions bo;
@@ -64,6 +68,9 @@ void add_build(CLI::App& app) {
                       a->config.empty() ? checkpoint_files(a->model_dir) : std::vector<std::string>{a->config});
     const ModelSpec spec = a->config.empty() ? load_model_spec(a->model_dir) : load_config_file(a->config);
     const DType dt = a->config.empty() ? build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
+    // The group size against every linear weight before the output is touched or anything is read.
+    bo.int4_group_size = int4_group_option(a->quantize, a->group_size);
+    if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size");
     info.bounds.max_batch = a->max_batch;
     info.bounds.capacity = a->capacity ? a->capacity : default_capacity(spec);
     info.bounds.layout = parse_layout(a->layout);
@@ -76,6 +83,7 @@ void add_build(CLI::App& app) {
     Engine engine;
     if (!a->config.empty()) {
       engine = random_engine(spec, dt, a->seed);
+      if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
       {
@@ -92,9 +100,10 @@ void add_build(CLI::App& app) {
       save_engine(engine, info, a->output, bar.fn());
     }
     const EngineFileInfo f = inspect_engine(a->output);
+    const std::string weights = std::string(dtype_name(f.weight_dtype)) +
+                                (f.quant ? " + int4 (group " + std::to_string(f.quant->group_size) + ")" : "");
     std::printf("wrote %s: %s, %lld layers, %s weights (%.2f MB), max batch %d, capacity %lld, layout %s\n",
-                a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers,
-                std::string(dtype_name(f.weight_dtype)).c_str(), double(engine.weight_bytes()) / 1e6, f.bounds.max_batch,
+                a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers, weights.c_str(), double(engine.weight_bytes()) / 1e6, f.bounds.max_batch,
                 (long long)f.bounds.capacity, layout_name(f.bounds.layout).c_str());
   });
 }

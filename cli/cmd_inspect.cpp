@@ -80,8 +80,13 @@ void add_inspect(CLI::App& app) {
                 s.family.c_str(), (long long)s.layers, (long long)s.hidden, (long long)s.heads, (long long)s.kv_heads,
                 (long long)s.head_dim, (long long)s.intermediate, (long long)s.vocab, (long long)s.max_position,
                 s.rope.type.c_str());
+    std::string quant = "none";
+    if (f.quant)
+      quant = "int4 " + f.quant->method + " (symmetric, group " + std::to_string(f.quant->group_size) + ", " +
+              std::string(dtype_name(f.weight_dtype)) + " scales) on " + std::to_string(f.quant->tensors.size()) +
+              " linear weights";
     std::printf("weights      %s, quantization %s, %zu tensors, %.2f MB\n", std::string(dtype_name(f.weight_dtype)).c_str(),
-                m["weights"]["quantization"].get<std::string>().c_str(), f.tensors.size(), weight_bytes / 1e6);
+                quant.c_str(), f.tensors.size(), weight_bytes / 1e6);
     std::printf("bounds       max batch %d, capacity %lld\n", f.bounds.max_batch, (long long)f.bounds.capacity);
     const nlohmann::json& kv = m["runtime"]["kv_cache"];
     std::printf("kv cache     %s %s per %slayer (K and V), axes %s, capacity on axis %d\n", layout_name(f.bounds.layout).c_str(),

@@ -22,6 +22,23 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
+  add_quantize_options(app, quantize, group_size);
+}
+
+void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size) {
+  app.add_option("--quantize", quantize, "int4: the linear weights as symmetric INT4, round to nearest per group "
+                                         "(docs/quantization.md); a checkpoint folder or random weights only");
+  app.add_option("--group-size", group_size, "with --quantize int4: input columns per scale, a power of two in [32, 256] "
+                                             "dividing every linear weight's input dimension (default 128)");
+}
+
+std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t group_size) {
+  if (quantize.empty()) {
+    if (group_size) throw Error("--group-size " + std::to_string(group_size) + " needs --quantize int4");
+    return std::nullopt;
+  }
+  if (quantize != "int4") throw Error("--quantize '" + quantize + "' is not supported (only int4)");
+  return group_size ? group_size : kDefaultInt4Group;
 }
 
 LoadSpec ModelArgs::load_spec() const {
@@ -34,6 +51,7 @@ LoadSpec ModelArgs::load_spec() const {
   s.threads = threads;
   s.batch_invariant = batch_invariant;
   s.verify = !no_verify;
+  s.int4_group_size = int4_group_option(quantize, group_size);
   return s;
 }
 

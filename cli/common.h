@@ -2,6 +2,7 @@
 // reach the user.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct ModelArgs {
   bool batch_invariant = false;  // --batch-invariant: GPU kernels whose results do not depend on the batch
   bool no_verify = false;  // --no-verify: skip the engine file's blob checksums
   bool quiet = false;      // --quiet: no progress bar
+  std::string quantize;    // --quantize int4: a checkpoint folder's linear weights as INT4 (round to nearest)
+  int64_t group_size = 0;  // --group-size (0: not given; kDefaultInt4Group)
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
@@ -28,6 +31,14 @@ struct ModelArgs {
 // The run's model through the runtime's loader (runtime/loader.h), with a progress bar over an engine
 // file's checksums.
 Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = false);
+
+// --quantize and --group-size for `build` and every command that runs a model: the group size when
+// --quantize int4 is given, nullopt when neither is; Error naming the flag for an unknown --quantize
+// value or a --group-size without --quantize (the group size itself is checked against the model's
+// weights by the build, quant/int4.h).
+inline constexpr int64_t kDefaultInt4Group = 128;
+std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t group_size);
+void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size);
 
 std::vector<int32_t> parse_ids(const std::string& csv);
 std::vector<int> parse_int_list(const std::string& csv);

@@ -56,6 +56,7 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
   c.batch_invariant = a.batch_invariant;
   c.verify = !a.no_verify;
   c.dtype = a.dtype;
+  c.int4_group_size = int4_group_option(a.quantize, a.group_size).value_or(0);
   c.capacity = capacity;
   c.chat = chat;
   c.chat_template_file = t.chat_template;

@@ -463,6 +463,25 @@ TEST_F(Refusal, MalformedMetadata) {
   expect_meta_refused([](json& m) { m["architecture"]["eos_ids"] = {100000}; }, {"'architecture.eos_ids'", "vocabulary"});
   expect_meta_refused([](json& m) { m["architecture"]["rope"].erase("theta"); }, {"'architecture.rope.theta' is missing"});
   expect_meta_refused([](json& m) { m["weights"]["quantization"] = "int4"; }, {"'weights.quantization'", "int4"});
+  // An INT4 description (docs/quantization.md): every field checked, and the table must then hold packed tensors.
+  auto int4 = [](json& m, const char* field, json value) {
+    m["weights"]["quantization"] = {{"method", "rtn"}, {"bits", 4}, {"group_size", 32}, {"symmetric", true},
+                                    {"layout", "int4_rows_low_nibble_first"}, {"scale_dtype", m["weights"]["dtype"]},
+                                    {"tensors", {"layers.0.wo"}}};
+    if (field) m["weights"]["quantization"][field] = std::move(value);
+  };
+  expect_meta_refused([&](json& m) { int4(m, "method", "gptq"); }, {"'weights.quantization.method'", "gptq"});
+  expect_meta_refused([&](json& m) { int4(m, "bits", 8); }, {"'weights.quantization.bits' must lie in [4, 4]"});
+  expect_meta_refused([&](json& m) { int4(m, "group_size", 48); }, {"'weights.quantization.group_size' must be a power of two"});
+  expect_meta_refused([&](json& m) { int4(m, "group_size", 512); }, {"'weights.quantization.group_size' must lie in [32, 256]"});
+  expect_meta_refused([&](json& m) { int4(m, "symmetric", false); }, {"'weights.quantization.symmetric' must be true"});
+  expect_meta_refused([&](json& m) { int4(m, "layout", "marlin"); }, {"'weights.quantization.layout'"});
+  expect_meta_refused([&](json& m) { int4(m, "scale_dtype", "f16"); }, {"'weights.quantization.scale_dtype'", "f16"});
+  expect_meta_refused([&](json& m) { int4(m, "tensors", json::array()); }, {"'weights.quantization.tensors' must list"});
+  expect_meta_refused([&](json& m) { int4(m, "tensors", {"tok_embeddings"}); },
+                      {"'weights.quantization.tensors[0]'", "tok_embeddings", "is not a weight of this architecture that can be INT4"});
+  expect_meta_refused([&](json& m) { int4(m, "tensors", {"layers.0.wo", "layers.0.wo"}); }, {"listed twice"});
+  expect_meta_refused([&](json& m) { int4(m, nullptr, nullptr); }, {"the architecture implies"});
   expect_meta_refused([](json& m) { m["weights"]["dtype"] = "f8"; }, {"'weights.dtype'"});
   expect_meta_refused([](json& m) { m["tokenizer"]["tokenizer.json"] = 5; }, {"'tokenizer.tokenizer.json' must be a string"});
   expect_meta_refused([](json& m) { m["requirements"]["cuda_min_capability"] = {7}; }, {"[major, minor]"});

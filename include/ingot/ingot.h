@@ -21,6 +21,9 @@ struct LoadConfig {
   bool batch_invariant = false;
   bool verify = true;           // engine files: check every weight's checksum while loading
   std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
+  // A checkpoint folder's linear weights as INT4 (symmetric, round to nearest) with this many input
+  // columns per scale, a power of two in [32, 256]; 0 = not quantized. CPU only (docs/quantization.md).
+  int64_t int4_group_size = 0;
   // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,
   // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
   // refuses a value above the capacity it was built for.

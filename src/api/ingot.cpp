@@ -155,6 +155,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   ls.threads = c.threads;
   ls.batch_invariant = c.batch_invariant;
   ls.verify = c.verify;
+  if (c.int4_group_size) ls.int4_group_size = c.int4_group_size;
   ls.progress = c.progress;
   RuntimeOptions rt;
   rt.capacity = c.capacity;

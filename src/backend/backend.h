@@ -16,11 +16,23 @@
 
 namespace ingot {
 
+// The per-group scales of an INT4 weight (src/quant/int4.h): value = (nibble - 8) * scale, one scale
+// for each `group_size` consecutive columns of a row.
+struct Int4Scales {
+  const void* data = nullptr;  // [rows, cols / group_size] in `dtype`, row-major
+  DType dtype = DType::F32;
+  int64_t group_size = 0;
+};
+
 // A row-major 2-D view of backend memory: rows x cols elements, `ld` elements between row starts.
+// A packed INT4 weight (dtype U8, `int4.data` set) counts cols in logical values and ld in bytes:
+// [rows, cols/2] uint8, low nibble first, with its scales beside it.
 struct Mat {
   void* data = nullptr;
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0, ld = 0;
+  Int4Scales int4{};  // set only for INT4 weights
+  bool is_int4() const { return dtype == DType::U8; }
 };
 inline Mat mat(void* data, DType dt, int64_t rows, int64_t cols) { return {data, dt, rows, cols, cols}; }
 
@@ -176,6 +188,9 @@ class Backend {
   virtual DType activation_dtype() const = 0;
   // True when backend memory is host memory (weights can then be used in place, never copied).
   virtual bool host_memory() const { return false; }
+  // True when linear() takes packed INT4 weights (Mat::is_int4). A Model refuses an INT4 engine on a
+  // backend without them before allocating anything.
+  virtual bool int4_weights() const { return false; }
 
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) noexcept = 0;
@@ -203,7 +218,8 @@ class Backend {
   // if delta: x += delta (the residual add); then out = rmsnorm(x) * weight. weight is [cols].
   virtual void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType weight_dtype, float eps,
                            const Mat& out) = 0;
-  // y = x w^T (+ bias): x [T, K], w [N, K], bias [N] or null, y [T, N]. f32 accumulation.
+  // y = x w^T (+ bias): x [T, K], w [N, K], bias [N] or null, y [T, N]. f32 accumulation. w may be
+  // packed INT4 where int4_weights() (then bias, when given, is in the scales' dtype).
   virtual void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) = 0;
   // Optional per-head q/k RMSNorm, RoPE on q (in place) and k, and K/V written to their cache slots.
   virtual void rope_cache_write(const RopeWriteParams& p) = 0;

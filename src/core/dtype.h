@@ -10,7 +10,8 @@
 
 namespace ingot {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, I64 };
+// U8 holds packed INT4 weights (two 4-bit values a byte, src/quant/int4.h); no activation is ever U8.
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -30,6 +32,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::I64: return "i64";
+    case DType::U8: return "u8";
   }
   return "?";
 }

@@ -204,7 +204,51 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
               hint);
 }
 
+// Stores `t` (a weight [out, in] in the engine dtype) under `name` as INT4: packed values and scales.
+void put_int4(Engine& eng, const std::string& name, const HostTensor& t, int64_t group) {
+  const int64_t rows = t.shape()[0], cols = t.shape()[1];
+  std::vector<float> f(size_t(t.numel()));
+  convert_to_f32(t.dtype(), t.data(), f.data(), f.size());
+  HostTensor packed(DType::U8, int4_packed_shape(t.shape()));
+  HostTensor scales(eng.weight_dtype, int4_scales_shape(t.shape(), group));
+  quantize_int4(f.data(), rows, cols, group, eng.weight_dtype, packed.as<uint8_t>(), scales.data());
+  eng.weights.insert_or_assign(name, std::move(packed));
+  eng.weights.insert_or_assign(name + kInt4ScalesSuffix, std::move(scales));
+}
+
 }  // namespace
+
+void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag) {
+  if (eng.quant) throw Error(flag + ": the engine is already quantized");
+  const WeightTable table = weight_table(eng.spec);
+  QuantConfig q = plan_int4(table, group, flag);
+  for (const std::string& name : q.tensors) {
+    const HostTensor t = std::move(eng.weights.at(name));
+    put_int4(eng, name, t, group);
+  }
+  eng.provenance["quantization"] = quant_json(&q, eng.weight_dtype);
+  eng.quant = std::move(q);
+}
+
+std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& s, DType dt, const QuantConfig* q) {
+  std::map<std::string, std::pair<Shape, DType>> shapes;
+  const WeightTable table = weight_table(s);
+  std::map<std::string, const WeightSpec*> specs;
+  for (const WeightSpec& w : table.entries()) {
+    shapes[w.name] = {w.shape, w.dtype(dt)};
+    specs[w.name] = &w;
+  }
+  if (!q) return shapes;
+  for (const std::string& name : q->tensors) {
+    auto it = shapes.find(name);
+    if (it == shapes.end() || !int4_quantizable(*specs.at(name)))
+      throw Error("INT4 weight '" + name + "' is not a linear weight of this architecture");
+    const Shape full = it->second.first;
+    it->second = {int4_packed_shape(full), DType::U8};
+    shapes[name + kInt4ScalesSuffix] = {int4_scales_shape(full, q->group_size), dt};
+  }
+  return shapes;
+}
 
 Engine build_engine(const std::string& dir, const BuildOptions& o) {
   ModelSpec spec = load_model_spec(dir);
@@ -236,12 +280,20 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   Engine eng;
   eng.spec = spec;
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
+  std::optional<QuantConfig> quant;
+  if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size");
   for (size_t i = 0; i < parts.size(); ++i) {
-    eng.weights.emplace(table.entries()[i].name, stack_rows(parts[i], table.entries()[i], eng.weight_dtype, dir));
+    const WeightSpec& w = table.entries()[i];
+    HostTensor t = stack_rows(parts[i], w, eng.weight_dtype, dir);
+    // One weight at a time, so the 16-bit copy of the whole model never coexists with the INT4 one.
+    if (quant && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
+    else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
   }
+  eng.quant = std::move(quant);
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(eng.weight_dtype))}};
+  if (eng.quant) eng.provenance["quantization"] = quant_json(&*eng.quant, eng.weight_dtype);
   return eng;
 }
 

@@ -12,11 +12,14 @@
 
 #include "core/tensor.h"
 #include "models/spec.h"
+#include "quant/int4.h"
 
 namespace ingot {
 
 struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
+  // Set: the linear weights are stored as INT4 of this group size, round to nearest (quant/int4.h).
+  std::optional<int64_t> int4_group_size;
   // Called with checkpoint bytes converted so far and in all (for a progress bar).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model
@@ -29,7 +32,10 @@ struct Engine {
   DType weight_dtype = DType::F32;
   // Runtime-layout weights by runtime name, exactly the entries of the family's weight table
   // (decoder_weights in models/layers.h lists the names and shapes).
+  // A quantized engine holds each weight of quant->tensors as its packed INT4 tensor [out, in/2] u8
+  // under the table's name, plus "<name>.scales" [out, in/group] in weight_dtype.
   std::map<std::string, HostTensor> weights;
+  std::optional<QuantConfig> quant;  // absent: every weight as the table says
   nlohmann::json provenance;  // where it was built from (checkpoint files, options)
 
   const HostTensor* find(const std::string& name) const {
@@ -50,6 +56,15 @@ Engine build_engine(const std::string& checkpoint_dir, const BuildOptions& optio
 // The weight dtype build_engine gives the checkpoint folder `dir` (spec read from it): `requested`,
 // else config.json's torch_dtype, else the dtype of the checkpoint's first weight.
 DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<DType> requested);
+// Replaces the quantizable weights of `engine` (quant/int4.h) by INT4, round to nearest per group of
+// `group_size` input columns, scales in the engine's weight dtype. `flag` names the option in errors
+// (a group size that is not allowed or does not divide a weight's input dimension, checked before any
+// weight changes).
+void quantize_engine_int4(Engine& engine, int64_t group_size, const std::string& flag = "--group-size");
+// The runtime name -> (shape, dtype) of every tensor an engine of `spec` with weights in `dtype` and
+// quantization `quant` (or none) holds: the family's table, with INT4 weights packed and their scales.
+std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& spec, DType dtype,
+                                                                    const QuantConfig* quant);
 // An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
 // of real shapes without a checkpoint.
 Engine random_engine(const ModelSpec& spec, DType dtype, uint64_t seed = 0);

@@ -263,15 +263,56 @@ std::string cuda_requirement_reason(DType dt) {
   return dt == DType::BF16 ? "bf16 weights" : std::string(dtype_name(dt)) + " weights";
 }
 
-// The runtime weights' names and shapes by name, from the family's weight table: what an engine of
-// this spec holds, exactly.
-// The weights an engine of `s` in `dt` holds: runtime name -> shape and dtype (most in the engine's
-// dtype; the table's few f32 ones in f32).
-std::map<std::string, std::pair<Shape, DType>> weight_shapes(const ModelSpec& s, DType dt) {
-  std::map<std::string, std::pair<Shape, DType>> shapes;
+// A tensor record's dtype: a weight dtype, or u8 (packed INT4 values, quant/int4.h).
+bool parse_tensor_dtype(const std::string& s, DType& out) {
+  if (s == dtype_name(DType::U8)) {
+    out = DType::U8;
+    return true;
+  }
+  return parse_weight_dtype(s, out);
+}
+
+// weights.quantization: "none" (nullopt), or INT4 as quant_json writes it, every field checked against
+// what this version runs and the architecture's table (a listed tensor must be a quantizable weight
+// whose input dimension the group size divides).
+std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, const ModelSpec& s, DType wdt) {
+  const json& q = f.field(w, "weights.quantization", "quantization");
+  if (q.is_string()) {
+    if (q.get<std::string>() != "none")
+      f.fail("weights.quantization", "'" + q.get<std::string>() + "' is not supported by this version (\"none\" or an INT4 object)");
+    return std::nullopt;
+  }
+  if (!q.is_object()) f.fail("weights.quantization", "must be \"none\" or an object");
+  const std::string p = "weights.quantization.";
+  QuantConfig c;
+  c.method = f.string(q, p + "method", "method");
+  if (c.method != "rtn") f.fail(p + "method", "'" + c.method + "' is not supported by this version (only \"rtn\")");
+  c.bits = int(f.integer(q, p + "bits", "bits", 4, 4));
+  c.group_size = f.integer(q, p + "group_size", "group_size", kInt4MinGroup, kInt4MaxGroup);
+  if ((c.group_size & (c.group_size - 1)) != 0) f.fail(p + "group_size", "must be a power of two");
+  if (!f.boolean(q, p + "symmetric", "symmetric")) f.fail(p + "symmetric", "must be true (no zero points yet)");
+  if (f.string(q, p + "layout", "layout") != "int4_rows_low_nibble_first")
+    f.fail(p + "layout", "must be \"int4_rows_low_nibble_first\"");
+  const std::string sdt = f.string(q, p + "scale_dtype", "scale_dtype");
+  if (sdt != dtype_name(wdt)) f.fail(p + "scale_dtype", "'" + sdt + "' is not the weights' dtype " + std::string(dtype_name(wdt)));
+  const json& names = f.array(q, p + "tensors", "tensors");
+  if (names.empty()) f.fail(p + "tensors", "must list at least one tensor");
   const WeightTable table = weight_table(s);
-  for (const WeightSpec& w : table.entries()) shapes[w.name] = {w.shape, w.dtype(dt)};
-  return shapes;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string pi = p + "tensors[" + std::to_string(i) + "]";
+    if (!names[i].is_string()) f.fail(pi, "must be a string");
+    const std::string n = names[i].get<std::string>();
+    auto it = std::find_if(table.entries().begin(), table.entries().end(), [&](const WeightSpec& e) { return e.name == n; });
+    if (it == table.entries().end() || !int4_quantizable(*it))
+      f.fail(pi, "'" + n + "' is not a weight of this architecture that can be INT4");
+    if (it->shape[1] % c.group_size != 0)
+      f.fail(pi, "'" + n + "' has input dimension " + std::to_string(it->shape[1]) + ", which group_size " +
+                     std::to_string(c.group_size) + " does not divide");
+    if (!seen.insert(n).second) f.fail(pi, "'" + n + "' is listed twice");
+    c.tensors.push_back(n);
+  }
+  return c;
 }
 
 }  // namespace
@@ -371,7 +412,7 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
 void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::string& path, const ProgressFn& progress) {
   const ModelSpec& s = eng.spec;
   const std::string where = path + ": ";
-  const auto expect = weight_shapes(s, eng.weight_dtype);
+  const auto expect = engine_tensor_shapes(s, eng.weight_dtype, eng.quant ? &*eng.quant : nullptr);
   for (auto& [name, want] : expect) {
     const HostTensor* t = eng.find(name);
     if (!t) throw Error(where + "the engine has no weight '" + name + "'");
@@ -407,7 +448,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   m["tool"] = {{"name", "ingot"}, {"version", INGOT_VERSION}, {"git_revision", INGOT_GIT_REVISION}};
   m["architecture"] = spec_to_json(s);
   m["weights"] = {{"dtype", std::string(dtype_name(eng.weight_dtype))},
-                  {"quantization", "none"},
+                  {"quantization", quant_json(eng.quant ? &*eng.quant : nullptr, eng.weight_dtype)},
                   {"count", order.size()},
                   {"bytes", total}};
   m["runtime"] = {{"max_batch", bounds.max_batch},
@@ -569,8 +610,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   const json& w = f.object(m, "weights", "weights");
   const std::string wdt = f.string(w, "weights.dtype", "dtype");
   if (!parse_weight_dtype(wdt, info.weight_dtype)) f.fail("weights.dtype", "'" + wdt + "' is not f32, f16 or bf16");
-  const std::string quant = f.string(w, "weights.quantization", "quantization");
-  if (quant != "none") f.fail("weights.quantization", "'" + quant + "' is not supported by this version (only \"none\")");
+  info.quant = parse_quantization(f, w, s, info.weight_dtype);
   // runtime bounds, and the cache description they imply
   const json& rt = f.object(m, "runtime", "runtime");
   info.bounds.max_batch = int(f.integer(rt, "runtime.max_batch", "max_batch", 1, kMaxBatch));
@@ -618,7 +658,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   f.object(m, "build_options", "build_options");
 
   // The tensor table: exactly the weights the architecture implies, in bounds, aligned, disjoint.
-  const auto expect = weight_shapes(s, info.weight_dtype);
+  const auto expect = engine_tensor_shapes(s, info.weight_dtype, info.quant ? &*info.quant : nullptr);
   const json& table = f.array(m, "tensors", "tensors");
   if (table.size() != expect.size())
     f.fail("tensors", "lists " + std::to_string(table.size()) + " tensors, the architecture implies " +
@@ -635,7 +675,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
     if (it == expect.end()) f.fail(p + ".name", tp + " is not a weight of this architecture");
     if (!seen.insert(r.name).second) f.fail(p + ".name", tp + " is listed twice");
     const std::string dt = f.string(e, p + ".dtype", "dtype");
-    if (!parse_weight_dtype(dt, r.dtype) || r.dtype != it->second.second)
+    if (!parse_tensor_dtype(dt, r.dtype) || r.dtype != it->second.second)
       f.fail(p + ".dtype", "of " + tp + " is '" + dt + "', the architecture implies " +
                                std::string(dtype_name(it->second.second)));
     const json& shape = f.array(e, p + ".shape", "shape");
@@ -736,6 +776,7 @@ LoadedEngine load_engine(const std::string& path, const LoadOptions& o) {
   Engine& e = out.engine;
   e.spec = info.spec;
   e.weight_dtype = info.weight_dtype;
+  e.quant = info.quant;
   std::shared_ptr<const void> owner(map, map->data());
   for (const EngineTensorRecord& r : info.tensors)
     e.weights.emplace(r.name, HostTensor::borrow(r.dtype, r.shape, map->data() + r.offset, owner));

@@ -79,6 +79,7 @@ struct EngineFileInfo {
   nlohmann::json metadata;  // the whole metadata document
   ModelSpec spec;
   DType weight_dtype = DType::F32;
+  std::optional<QuantConfig> quant;  // weights.quantization (absent: "none")
   CacheBounds bounds;  // what the engine was built for (capacity resolved)
   int tp_world_size = 1, tp_rank = 0;
   int min_cuda_major = 0, min_cuda_minor = 0;

@@ -34,6 +34,7 @@ const char* st_dtype_name(DType t) {
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::U8: return "U8";
   }
   return "?";
 }

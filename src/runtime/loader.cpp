@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "models/family.h"
 #include "runtime/memory_plan.h"
 
 #ifdef INGOT_WITH_CUDA
@@ -62,6 +63,18 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     model_spec_ = load_config_file(s.config_path);
     dtype_ = requested.value_or(DType::BF16);
   }
+  // INT4: checked against the model's weights here, before any weight is read, and refused on a device
+  // that cannot run it yet.
+  if (s.int4_group_size) {
+    if (!s.engine_path.empty())
+      throw Error("--quantize: " + s.engine_path + " is an engine file, whose quantization was fixed when it was built "
+                  "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
+    plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
+  }
+  if (device_ == "cuda" && (s.int4_group_size || (file_ && file_->quant)))
+    throw Error("cuda backend: int4 weights are not supported yet (" +
+                std::string(s.int4_group_size ? "--quantize int4" : s.engine_path + " holds INT4 weights") +
+                "); run them with --device cpu until the CUDA kernels land (docs/quantization.md)");
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
   if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);
@@ -112,9 +125,11 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   } else if (!s.model_dir.empty()) {
     BuildOptions bo;
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
+    bo.int4_group_size = s.int4_group_size;
     l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
   } else {
     l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
+    if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size);
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();

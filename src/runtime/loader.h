@@ -27,6 +27,8 @@ struct LoadSpec {
   int threads = 0;    // CPU threads; 0 = all cores
   bool batch_invariant = false;  // GPU: batch-invariant kernels (backend.h, make_cuda_backend)
   bool verify = true;  // engine files: every blob's checksum
+  // Set: a checkpoint folder's (or random) linear weights become INT4 of this group size (quant/int4.h).
+  std::optional<int64_t> int4_group_size;
   ProgressFn progress;  // engine files: bytes verified so far and in all
   const std::string& source() const;
 };

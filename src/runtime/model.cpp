@@ -20,6 +20,10 @@ namespace {
 // The plan of a Model over these options, refused (Error with both figures) when the backend's free
 // memory cannot hold it: checked while initialising, before the state or anything else is allocated.
 MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions& options) {
+  if (engine.quant && !be.int4_weights())
+    throw Error(be.name() + " backend: int4 weights are not supported yet (the engine's " +
+                std::to_string(engine.quant->tensors.size()) + " INT4 linear weights run on --device cpu; CUDA "
+                "kernels are planned, docs/quantization.md)");
   MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory());
   check_fits(plan, be.available_memory_bytes(), be.host_memory() ? "host memory" : be.name() + " device memory");
   return plan;
@@ -50,6 +54,14 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     w_[name] = DevWeight{mat(p, t.dtype(), rows, t.shape().back())};
     weight_bytes_ += t.nbytes();
   }
+  // INT4 weights: the packed bytes [out, in/2] count in logical columns, with their scales attached.
+  if (engine_.quant)
+    for (const std::string& name : engine_.quant->tensors) {
+      Mat& m = w_.at(name).m;
+      const Mat& sc = w_.at(name + kInt4ScalesSuffix).m;
+      m.cols = m.ld * 2;
+      m.int4 = Int4Scales{sc.data, sc.dtype, engine_.quant->group_size};
+    }
   weights_ = bind_weights(s, family_.weights(s), w_);
 
   const WorkspacePlan& w = plan_.ws;

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/linear_attention.h"
+#include "backend/int4_row.h"
 #include "backend/logprobs.h"
 #include "backend/sampling.h"
 #include "core/error.h"
@@ -92,6 +93,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DType activation_dtype() const override { return DType::F32; }
   bool host_memory() const override { return true; }
+  bool int4_weights() const override { return true; }
   std::optional<size_t> available_memory_bytes() const override { return host_available_bytes(); }
 
   void* alloc(size_t bytes) override {
@@ -140,25 +142,35 @@ class CpuBackend final : public Backend {
     if (x.cols != w.cols || y.cols != w.rows || y.rows != x.rows)
       throw Error("cpu backend: linear shape mismatch");
     const int64_t T = x.rows, N = w.rows, K = w.cols;
+    const bool int4 = w.is_int4();
+    if (int4 && (!w.int4.data || w.int4.group_size <= 0 || K % w.int4.group_size != 0 || w.ld * 2 != K))
+      throw Error("cpu backend: linear: an INT4 weight needs its scales and a group size dividing its columns");
     std::vector<float> b;
     if (bias) {
       b.resize(size_t(N));
-      row_to_f32(bias, w.dtype, b.data(), N);
+      row_to_f32(bias, int4 ? w.int4.dtype : w.dtype, b.data(), N);
     }
+    const size_t scale_row_bytes = int4 ? size_t(K / w.int4.group_size) * dtype_size(w.int4.dtype) : 0;
 #pragma omp parallel num_threads(threads_) if (T * N * K >= kParallelWork)
     {
-      std::vector<float> wrow(w.dtype == DType::F32 || T == 1 ? 0 : size_t(K));
+      std::vector<float> wrow(int4 || (w.dtype != DType::F32 && T > 1) ? size_t(K) : 0);
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
         const uint8_t* wr = row_ptr(w, n);
         const float* wf = reinterpret_cast<const float*>(wr);
-        if (w.dtype != DType::F32 && T > 1) {  // widen once, reuse for every token
+        if (int4) {
+          // The row's exact f32 values, then the f32 product: the same arithmetic as an f32 weight that
+          // holds the dequantized values, which the parity tests compare against.
+          dequantize_int4_row(wr, static_cast<const uint8_t*>(w.int4.data) + size_t(n) * scale_row_bytes,
+                              w.int4.dtype, K, w.int4.group_size, wrow.data());
+          wf = wrow.data();
+        } else if (w.dtype != DType::F32 && T > 1) {  // widen once, reuse for every token
           row_to_f32(wr, w.dtype, wrow.data(), K);
           wf = wrow.data();
         }
         for (int64_t t = 0; t < T; ++t) {
           const float* xr = frow(x, t);
-          float s = (w.dtype == DType::F32 || T > 1) ? dot_f32(xr, wf, K)
+          float s = (int4 || w.dtype == DType::F32 || T > 1) ? dot_f32(xr, wf, K)
                                                      : dot_16(xr, reinterpret_cast<const uint16_t*>(wr), w.dtype, K);
           frow(y, t)[n] = bias ? s + b[size_t(n)] : s;
         }

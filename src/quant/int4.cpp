@@ -1,0 +1,69 @@
+// INT4: which weights, the group-size rule, round-to-nearest packing, and the engine-file description
+// (the dequantization every reader shares is backend/int4_row.h).
+#include "quant/int4.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ingot {
+
+bool int4_quantizable(const WeightSpec& w) {
+  return w.layer >= 0 && (w.layer_field == &LayerWeights::wqkv || w.layer_field == &LayerWeights::wo ||
+                          w.layer_field == &LayerWeights::w_gate_up || w.layer_field == &LayerWeights::w_down);
+}
+
+QuantConfig plan_int4(const WeightTable& table, int64_t g, const std::string& flag) {
+  if (g < kInt4MinGroup || g > kInt4MaxGroup || (g & (g - 1)) != 0)
+    throw Error(flag + " " + std::to_string(g) + " is not a power of two in [" + std::to_string(kInt4MinGroup) + ", " +
+                std::to_string(kInt4MaxGroup) + "]");
+  QuantConfig q;
+  q.group_size = g;
+  for (const WeightSpec& w : table.entries()) {
+    if (!int4_quantizable(w)) continue;
+    if (w.shape.size() != 2 || w.shape[1] % g != 0)
+      throw Error(flag + " " + std::to_string(g) + " does not divide the input dimension " +
+                  std::to_string(w.shape.back()) + " of weight '" + w.name + "' " + shape_str(w.shape) +
+                  "; choose a group size that divides it");
+    q.tensors.push_back(w.name);
+  }
+  if (q.tensors.empty()) throw Error(flag + ": the model has no linear weight to quantize");
+  return q;
+}
+
+Shape int4_packed_shape(const Shape& s) { return {s.at(0), s.at(1) / 2}; }
+Shape int4_scales_shape(const Shape& s, int64_t g) { return {s.at(0), s.at(1) / g}; }
+
+void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType sdt, uint8_t* packed, void* scales) {
+  const int64_t groups = cols / g;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < groups; ++k) {
+      const float* v = w + r * cols + k * g;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
+      // The stored scale is what dequantization multiplies by, so round it first and divide by it.
+      float s = amax / 7.0f;
+      convert_from_f32(sdt, &s, static_cast<uint8_t*>(scales) + size_t(r * groups + k) * dtype_size(sdt), 1);
+      convert_to_f32(sdt, static_cast<const uint8_t*>(scales) + size_t(r * groups + k) * dtype_size(sdt), &s, 1);
+      uint8_t* out = packed + (r * cols + k * g) / 2;
+      for (int64_t i = 0; i < g; i += 2) {
+        auto nib = [&](float x) {
+          const float n = s > 0.0f ? std::nearbyint(x / s) : 0.0f;
+          return uint8_t(int(std::clamp(n, -7.0f, 7.0f)) + 8);
+        };
+        out[i / 2] = uint8_t(nib(v[i]) | (nib(v[i + 1]) << 4));
+      }
+    }
+  }
+}
+
+nlohmann::json quant_json(const QuantConfig* q, DType sdt) {
+  if (!q) return "none";
+  return {{"method", q->method},         {"bits", q->bits},
+          {"group_size", q->group_size}, {"symmetric", true},
+          {"layout", "int4_rows_low_nibble_first"}, {"scale_dtype", std::string(dtype_name(sdt))},
+          {"tensors", q->tensors}};
+}
+
+}  // namespace ingot
