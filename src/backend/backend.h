@@ -16,12 +16,16 @@
 
 namespace ingot {
 
-// The per-group scales of an INT4 weight (src/quant/int4.h): value = (nibble - 8) * scale, one scale
-// for each `group_size` consecutive columns of a row.
+// The per-group parameters of an INT4 weight (src/quant/int4.h): value = (nibble - zero) * scale, one
+// scale (and zero) for each `group_size` consecutive columns of a row; zero is 8 when `zeros` is null
+// (symmetric). With `perm`, stored column j multiplies input feature perm[j] (act-order checkpoints,
+// whose groups are not contiguous in the input): y = W_stored . x[perm].
 struct Int4Scales {
   const void* data = nullptr;  // [rows, cols / group_size] in `dtype`, row-major
   DType dtype = DType::F32;
   int64_t group_size = 0;
+  const uint8_t* zeros = nullptr;  // [rows, cols / group_size] u8 in 0..15, or null (zero 8)
+  const int32_t* perm = nullptr;   // [cols] i32, a permutation of 0..cols-1, or null (identity)
 };
 
 // A row-major 2-D view of backend memory: rows x cols elements, `ld` elements between row starts.

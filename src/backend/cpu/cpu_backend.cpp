@@ -150,7 +150,17 @@ class CpuBackend final : public Backend {
       b.resize(size_t(N));
       row_to_f32(bias, int4 ? w.int4.dtype : w.dtype, b.data(), N);
     }
-    const size_t scale_row_bytes = int4 ? size_t(K / w.int4.group_size) * dtype_size(w.int4.dtype) : 0;
+    const int64_t groups = int4 ? K / w.int4.group_size : 0;
+    const size_t scale_row_bytes = size_t(groups) * (int4 ? dtype_size(w.int4.dtype) : 0);
+    // Act-order weights read the input in their stored column order: gather it once.
+    std::vector<float> xg;
+    Mat xin = x;
+    if (int4 && w.int4.perm) {
+      xg.resize(size_t(T * K));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < K; ++j) xg[size_t(t * K + j)] = frow(x, t)[w.int4.perm[j]];
+      xin = mat(xg.data(), DType::F32, T, K);
+    }
 #pragma omp parallel num_threads(threads_) if (T * N * K >= kParallelWork)
     {
       std::vector<float> wrow(int4 || (w.dtype != DType::F32 && T > 1) ? size_t(K) : 0);
@@ -162,14 +172,15 @@ class CpuBackend final : public Backend {
           // The row's exact f32 values, then the f32 product: the same arithmetic as an f32 weight that
           // holds the dequantized values, which the parity tests compare against.
           dequantize_int4_row(wr, static_cast<const uint8_t*>(w.int4.data) + size_t(n) * scale_row_bytes,
-                              w.int4.dtype, K, w.int4.group_size, wrow.data());
+                              w.int4.dtype, K, w.int4.group_size, wrow.data(),
+                              w.int4.zeros ? w.int4.zeros + size_t(n * groups) : nullptr);
           wf = wrow.data();
         } else if (w.dtype != DType::F32 && T > 1) {  // widen once, reuse for every token
           row_to_f32(wr, w.dtype, wrow.data(), K);
           wf = wrow.data();
         }
         for (int64_t t = 0; t < T; ++t) {
-          const float* xr = frow(x, t);
+          const float* xr = frow(xin, t);
           float s = (int4 || w.dtype == DType::F32 || T > 1) ? dot_f32(xr, wf, K)
                                                      : dot_16(xr, reinterpret_cast<const uint16_t*>(wr), w.dtype, K);
           frow(y, t)[n] = bias ? s + b[size_t(n)] : s;
