@@ -6,6 +6,10 @@ namespace ingot {
 
 namespace {
 Mat rows(const Mat& m, int64_t T) { return {m.data, m.dtype, T, m.cols, m.ld}; }
+// Rows [t0, t0 + n).
+Mat slice_rows(const Mat& m, int64_t t0, int64_t n) {
+  return {static_cast<uint8_t*>(m.data) + size_t(t0 * m.ld) * dtype_size(m.dtype), m.dtype, n, m.cols, m.ld};
+}
 // Columns [at, at + n) of the first T rows.
 Mat cols(const Mat& m, int64_t T, int64_t at, int64_t n) {
   return {static_cast<uint8_t*>(m.data) + size_t(at) * dtype_size(m.dtype), m.dtype, T, n, m.ld};
@@ -99,22 +103,34 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   rp.cache = cache;
   c.be.rope_cache_write(rp);
 
-  AttentionParams ap;
-  ap.q = {qkv.data, qkv.dtype, c.T, s.q_dim(), qkv.ld};
-  ap.out = rows(c.attn, c.T);
-  ap.q_heads = int(s.heads);
-  ap.kv_heads = int(s.kv_heads);
-  ap.head_dim = int(s.head_dim);
-  ap.window = int(s.window[size_t(layer)]);
-  ap.scale = 1.0f / std::sqrt(float(s.head_dim));
-  ap.max_kv_len = c.max_kv_len;
-  ap.rows = c.rows;
-  ap.meta = c.meta;
-  ap.cache = cache;
-  c.be.attention(ap);
-  if (s.attn_gate) c.be.sigmoid_gate(ap.out, cols(qkv, c.T, s.q_dim() + 2 * s.kv_dim(), s.q_dim()), ap.out);
+  // Tokens [t0, t0 + n) of the call, from `nrows` distinct rows.
+  auto attend = [&](int64_t t0, int64_t n, int nrows) {
+    auto at = [&](const int32_t* a) { return a + t0; };
+    AttentionParams ap;
+    ap.q = slice_rows(cols(qkv, c.T, 0, s.q_dim()), t0, n);
+    ap.out = slice_rows(c.attn, t0, n);
+    ap.q_heads = int(s.heads);
+    ap.kv_heads = int(s.kv_heads);
+    ap.head_dim = int(s.head_dim);
+    ap.window = int(s.window[size_t(layer)]);
+    ap.scale = 1.0f / std::sqrt(float(s.head_dim));
+    ap.max_kv_len = c.max_kv_len;
+    ap.rows = nrows;
+    ap.meta = {at(c.meta.row), at(c.meta.slot), at(c.meta.rope_pos), at(c.meta.kv_len)};
+    ap.cache = cache;
+    c.be.attention(ap);
+  };
+  const int64_t d = c.single_rows;
+  if (d > 0 && d < c.T) {
+    attend(0, d, int(d));
+    attend(d, c.T - d, c.rows - int(d));
+  } else {
+    attend(0, c.T, c.rows);
+  }
+  const Mat attn = rows(c.attn, c.T);
+  if (s.attn_gate) c.be.sigmoid_gate(attn, cols(qkv, c.T, s.q_dim() + 2 * s.kv_dim(), s.q_dim()), attn);
 
-  c.be.linear(ap.out, w.wo->m, w.bo ? w.bo->data() : nullptr, rows(c.delta, c.T));
+  c.be.linear(attn, w.wo->m, w.bo ? w.bo->data() : nullptr, rows(c.delta, c.T));
   c.pending_delta = true;
 }
 

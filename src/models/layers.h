@@ -38,6 +38,11 @@ struct ForwardContext {
   float rope_scale = 1.0f;
   int max_kv_len = 0;
   int rows = 0;  // distinct cache rows in the call
+  // Leading rows with one token each (the first single_rows tokens): a call that mixes decode rows with
+  // prompt chunks runs attention in two parts, so that the chunks can take a many-tokens-per-row kernel
+  // that the decode rows would otherwise rule out. Each token's attention reads only its own row, so the
+  // split changes no result.
+  int single_rows = 0;
 };
 
 // The runtime table of a Llama-style checkpoint, model-level weights first, then each layer's:

@@ -14,6 +14,7 @@ struct Model::Prepared {
   std::vector<int32_t> out_row;  // [out_idx] the cache row of each output token
   int max_kv_len = 0;
   int rows = 0;
+  int single_rows = 0;  // leading rows that carry one token each (decode rows of a mixed call)
 };
 
 namespace {
@@ -128,6 +129,7 @@ Model::Prepared Model::prepare(const Batch& b) const {
     throw Error("forward: the call carries " + std::to_string(total) + " tokens but the workspace holds " +
                 std::to_string(opt_.max_tokens) + "; split the prefill into chunks");
   p.rows = int(b.rows.size());
+  while (p.single_rows < p.rows && b.rows[size_t(p.single_rows)].tokens.size() == 1) ++p.single_rows;
   for (const BatchRow& br : b.rows) {
     const int64_t len = int64_t(br.tokens.size());
     const int32_t kv_len = int32_t(br.write_index + len);
@@ -151,7 +153,7 @@ Model::Prepared Model::prepare(const Batch& b) const {
   return p;
 }
 
-void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
+void Model::run_decoder(int64_t T, int max_kv_len, int rows, int single_rows) {
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();
   ForwardContext c{be_, s, state_.view()};
@@ -173,6 +175,7 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows) {
   c.rope_scale = rope_scale_;
   c.max_kv_len = max_kv_len;
   c.rows = rows;
+  c.single_rows = single_rows;
   decoder_forward(c, family_, weights_, ids_.as<int32_t>());
 }
 
@@ -337,7 +340,7 @@ void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed)
   feed_tokens(batch, feed);
   if (n > 0) be_.upload(next_tokens_.as<int32_t>() + opt_.max_batch, p.out_row.data(), p.out_row.size() * sizeof(int32_t));
   advance_lengths(batch);
-  run_decoder(T, p.max_kv_len, p.rows);
+  run_decoder(T, p.max_kv_len, p.rows, p.single_rows);
   if (n > 0) {
     const DType adt = be_.activation_dtype();
     Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
@@ -396,7 +399,7 @@ HostTensor Model::forward(const Batch& batch) {
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
   advance_lengths(batch);
-  run_decoder(T, p.max_kv_len, p.rows);
+  run_decoder(T, p.max_kv_len, p.rows, p.single_rows);
 
   const ModelSpec& s = spec_;
   const DType adt = be_.activation_dtype();

@@ -116,7 +116,8 @@ class Model {
  private:
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
-  void run_decoder(int64_t T, int max_kv_len, int rows);  // ids_ [T] -> h_ [T, hidden]
+  // ids_ [T] -> h_ [T, hidden]; single_rows: leading rows of one token each (ForwardContext)
+  void run_decoder(int64_t T, int max_kv_len, int rows, int single_rows = 0);
   void upload_meta(const Prepared& p);
   void advance_lengths(const Batch& batch);  // the State's row lengths after a forward wrote the batch
   // Checks a launch's feed against the batch (fed rows first, one token each) and queues the feed_picks
