@@ -395,6 +395,53 @@ TEST(Int4FormatsScales, Fp16ScalesAreExactInF16AndF32AndRoundedWithAWarningInBf1
   }
 }
 
+std::pair<int, std::string> sh(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// The command line straight from a published folder: generate gives the tokens of the f32 folder of
+// the dequantized weights (the logits are bitwise equal without act-order), bench runs, and build +
+// inspect record the format.
+TEST(Int4FormatsCli, GenerateBenchAndBuildStraightFromThePublishedFolder) {
+  const std::string bin = INGOT_BINARY;
+  for (const Case& c : {kCases[5], kCases[8], kCases[3]}) {
+    SCOPED_TRACE(c.name);
+    test::TempDir tmp;
+    write_folders(c, tmp.file("q"), tmp.file("f"));
+    const std::string gen = " --prompt-ids 5,17,42,7 --max-new-tokens 6 --ignore-eos --device cpu --dtype f32";
+    auto [rq, outq] = sh(bin + " generate --model " + tmp.file("q") + gen);
+    auto [rf, outf] = sh(bin + " generate --model " + tmp.file("f") + gen);
+    ASSERT_EQ(rq, 0) << outq;
+    ASSERT_EQ(rf, 0) << outf;
+    auto steps = [](const std::string& o) {
+      std::string s;
+      for (size_t at = o.find("step "); at != std::string::npos; at = o.find("step ", at + 1)) s += o.substr(at, o.find('\n', at) - at) + "\n";
+      return s;
+    };
+    EXPECT_FALSE(steps(outq).empty()) << outq;
+    EXPECT_EQ(steps(outq), steps(outf));
+    auto [rb, outb] = sh(bin + " bench --model " + tmp.file("q") + " --device cpu --prompt-len 4 --max-new-tokens 2");
+    EXPECT_EQ(rb, 0) << outb;
+    auto [re, oute] = sh(bin + " build --quiet --model " + tmp.file("q") + " -o " + tmp.file("e.ingot"));
+    ASSERT_EQ(re, 0) << oute;
+    EXPECT_NE(oute.find("int4 " + c.method), std::string::npos) << oute;
+    auto [ri, outi] = sh(bin + " inspect --json " + tmp.file("e.ingot"));
+    ASSERT_EQ(ri, 0) << outi;
+    EXPECT_NE(outi.find("\"method\": \"" + c.method + "\""), std::string::npos) << outi;
+    // --quantize on it is refused: it is already INT4.
+    auto [rr, outr] = sh(bin + " generate --model " + tmp.file("q") + gen + " --quantize int4");
+    EXPECT_EQ(rr, 1) << outr;
+    EXPECT_NE(outr.find("is already quantized"), std::string::npos) << outr;
+  }
+}
+
 // ----- bad input ------------------------------------------------------------------------------
 
 // A folder of case `c`, then `edit` applied to its config.json and tensors.

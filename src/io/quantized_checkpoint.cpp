@@ -437,7 +437,6 @@ bool published_quantized(const PublishedQuant& q, const Checkpoint& ck, const We
   for (const WeightSource& src : w.sources)
     quantized += ck.has(published_tensor_names(q, strip_weight(src.hf_name))[0]) ? 1 : 0;
   if (quantized == 0) return false;
-  const std::string first = published_tensor_names(q, strip_weight(w.sources.front().hf_name))[0];
   if (!int4_quantizable(w))
     throw Error(ck.dir() + ": tensor '" + published_tensor_names(q, strip_weight(w.sources.front().hf_name))[0] +
                 "' is quantized, but ingot keeps '" + w.name + "' in 16 bits (only the decoder layers' attention and MLP "
@@ -448,7 +447,6 @@ bool published_quantized(const PublishedQuant& q, const Checkpoint& ck, const We
     throw Error(ck.dir() + ": the modules fused into '" + w.name + "' (" + list +
                 ") are quantized only in part; they must all be quantized or none");
   }
-  (void)first;
   return true;
 }
 
