@@ -106,7 +106,7 @@ void add_build(CLI::App& app) {
     }
     const EngineFileInfo f = inspect_engine(a->output);
     const std::string weights = std::string(dtype_name(f.weight_dtype)) +
-                                (f.quant ? " + int4 " + f.quant->method + " (" +
+                                (f.quant ? " + int4 " + (f.quant->method == "rtn" ? std::string() : f.quant->method + " ") + "(" +
                                                (f.quant->group_size < 0 ? std::string("one group per row")
                                                                         : "group " + std::to_string(f.quant->group_size)) +
                                                ")"
