@@ -97,12 +97,12 @@ def quantize(torch, w, group, sym, method, fmt, order):
     if sym:
         amax = wg.abs().amax(dim=2)
         # GPTQ: scale = 2 max|w| / 15, zero 8; compressed-tensors: max|w| / 7.5 (the same number).
-        scale = (amax / 7.5).clamp_min(1e-8).to(torch.float16)
+        scale = (amax / 7.5).clamp_min(2 ** -14).to(torch.float16)  # never 0 or subnormal in fp16
         zero = torch.full((out, groups), 8, dtype=torch.int64)
     else:
         lo = wg.amin(dim=2).clamp_max(0)
         hi = wg.amax(dim=2).clamp_min(0)
-        scale = ((hi - lo) / 15).clamp_min(1e-8).to(torch.float16)
+        scale = ((hi - lo) / 15).clamp_min(2 ** -14).to(torch.float16)
         zero = torch.round(-lo / scale.double()).to(torch.int64)
         # checkpoint_format "gptq" stores zero - 1 and cannot hold zero 0 (the v1 overflow): keep it >= 1.
         zero = zero.clamp(1 if (method == "gptq" and fmt == "gptq") else 0, 15)
