@@ -600,6 +600,34 @@ TEST(Int4FormatsBadTensors, ZeroBiasesOfQuantizedModulesAreAcceptedOthersRefused
   }, {"'" + q + ".bias' is not zero"});
 }
 
+// A module the checkpoint left unquantized (plain ".weight", e.g. skipped by the quantizer) stays in
+// the engine dtype with its own values, and only the quantized ones are listed as INT4.
+TEST(Int4FormatsPartial, ModulesLeftUnquantizedStayPlain) {
+  for (const Case& c : {kCases[1], kCases[8]}) {
+    SCOPED_TRACE(c.name);
+    test::TempDir tmp;
+    const std::string down = "model.layers.1.mlp.down_proj";
+    const std::string d = edited(tmp, c, [&](json&, Tensors& t) {
+      for (auto it = t.begin(); it != t.end();) it = it->first.rfind(down + ".", 0) == 0 ? t.erase(it) : std::next(it);
+      HostTensor w(DType::F32, {64, 128});
+      for (int64_t i = 0; i < w.numel(); ++i) w.as<float>()[i] = float(i % 7) * 0.01f;
+      t.emplace(down + ".weight", std::move(w));
+    });
+    BuildOptions bo;
+    bo.dtype = DType::F32;
+    const Engine e = build_engine(d, bo);
+    ASSERT_TRUE(e.quant);
+    EXPECT_EQ(e.quant->tensors.size(), size_t(4 * e.spec.layers - 1));
+    EXPECT_EQ(std::count(e.quant->tensors.begin(), e.quant->tensors.end(), "layers.1.w_down"), 0);
+    const HostTensor& w = e.get("layers.1.w_down");
+    ASSERT_EQ(w.dtype(), DType::F32);
+    ASSERT_EQ(w.shape(), (Shape{64, 128}));
+    for (int64_t i = 0; i < w.numel(); ++i) ASSERT_EQ(w.as<float>()[i], float(i % 7) * 0.01f) << i;
+    EXPECT_EQ(e.find("layers.1.w_down.scales"), nullptr);
+    EXPECT_FALSE(std::isnan(logits(e).as<float>()[0]));
+  }
+}
+
 // An engine file whose zero points or perm are out of range is refused on load, before any run.
 TEST(Int4FormatsEngineFile, ZeroPointsAndPermsAreCheckedOnLoad) {
   test::TempDir tmp;

@@ -350,7 +350,8 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
     }
     HostTensor t = stack_rows(parts[i], w, eng.weight_dtype, dir);
     // One weight at a time, so the 16-bit copy of the whole model never coexists with the INT4 one.
-    if (quant && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
+    // (A published checkpoint's plain linear weights, modules it left unquantized, stay as they are.)
+    if (quant && !published && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
     else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
