@@ -295,9 +295,10 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
   const bool rtn = c.method == "rtn";
   c.bits = int(f.integer(q, p + "bits", "bits", 4, 4));
   c.group_size = f.integer(q, p + "group_size", "group_size", -1, int64_t(1) << 30);
-  if (rtn && (c.group_size < kInt4MinGroup || c.group_size > kInt4MaxGroup || (c.group_size & (c.group_size - 1)) != 0))
-    f.fail(p + "group_size", "of an rtn engine must be a power of two in [" + std::to_string(kInt4MinGroup) + ", " +
-                                 std::to_string(kInt4MaxGroup) + "]");
+  if (rtn && (c.group_size < kInt4MinGroup || c.group_size > kInt4MaxGroup))
+    f.fail(p + "group_size", "must lie in [" + std::to_string(kInt4MinGroup) + ", " + std::to_string(kInt4MaxGroup) +
+                                 "] for rtn");
+  if (rtn && (c.group_size & (c.group_size - 1)) != 0) f.fail(p + "group_size", "must be a power of two for rtn");
   if (c.group_size != -1 && (c.group_size < 2 || c.group_size % 2 != 0))
     f.fail(p + "group_size", "must be -1 (whole row) or an even size >= 2");
   c.symmetric = f.boolean(q, p + "symmetric", "symmetric");
