@@ -8,6 +8,7 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "io/quantized_checkpoint.h"
 #include "models/family.h"
 #include "options.h"
 #include "progress.h"
@@ -71,6 +72,10 @@ void add_build(CLI::App& app) {
     // The group size against every linear weight before the output is touched or anything is read.
     bo.int4_group_size = int4_group_option(a->quantize, a->group_size);
     if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size");
+    // A published INT4 folder: its quantization_config checked now, before the output is touched.
+    if (a->config.empty() && read_published_quant(a->model_dir) && bo.int4_group_size)
+      throw Error("--quantize: " + a->model_dir + " is already quantized (config.json has a quantization_config); "
+                  "build it without --quantize");
     info.bounds.max_batch = a->max_batch;
     info.bounds.capacity = a->capacity ? a->capacity : default_capacity(spec);
     info.bounds.layout = parse_layout(a->layout);
@@ -101,7 +106,11 @@ void add_build(CLI::App& app) {
     }
     const EngineFileInfo f = inspect_engine(a->output);
     const std::string weights = std::string(dtype_name(f.weight_dtype)) +
-                                (f.quant ? " + int4 (group " + std::to_string(f.quant->group_size) + ")" : "");
+                                (f.quant ? " + int4 " + (f.quant->method == "rtn" ? std::string() : f.quant->method + " ") + "(" +
+                                               (f.quant->group_size < 0 ? std::string("one group per row")
+                                                                        : "group " + std::to_string(f.quant->group_size)) +
+                                               ")"
+                                         : "");
     std::printf("wrote %s: %s, %lld layers, %s weights (%.2f MB), max batch %d, capacity %lld, layout %s\n",
                 a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers, weights.c_str(), double(engine.weight_bytes()) / 1e6, f.bounds.max_batch,
                 (long long)f.bounds.capacity, layout_name(f.bounds.layout).c_str());

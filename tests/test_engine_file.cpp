@@ -470,7 +470,22 @@ TEST_F(Refusal, MalformedMetadata) {
                                     {"tensors", {"layers.0.wo"}}};
     if (field) m["weights"]["quantization"][field] = std::move(value);
   };
-  expect_meta_refused([&](json& m) { int4(m, "method", "gptq"); }, {"'weights.quantization.method'", "gptq"});
+  expect_meta_refused([&](json& m) { int4(m, "method", "nf4"); }, {"'weights.quantization.method'", "nf4"});
+  // The published methods record their checkpoint format, which must be one of theirs; rtn has no zero
+  // points, no act-order and no whole-row group.
+  expect_meta_refused([&](json& m) { int4(m, "method", "gptq"); }, {"'weights.quantization.format' is missing"});
+  expect_meta_refused([&](json& m) {
+    int4(m, "method", "awq");
+    m["weights"]["quantization"]["format"] = "gptq_v2";
+  }, {"'weights.quantization.format'", "'gptq_v2' is not a format of method 'awq'"});
+  expect_meta_refused([&](json& m) { int4(m, "act_order", true); }, {"'weights.quantization.act_order' must be false for rtn"});
+  expect_meta_refused([&](json& m) { int4(m, "act_order", 1); }, {"'weights.quantization.act_order'"});
+  expect_meta_refused([&](json& m) { int4(m, "group_size", -1); }, {"'weights.quantization.group_size' must lie in [32, 256]"});
+  expect_meta_refused([&](json& m) {
+    int4(m, "method", "gptq");
+    m["weights"]["quantization"]["format"] = "gptq";
+    m["weights"]["quantization"]["group_size"] = 31;
+  }, {"'weights.quantization.group_size' must be -1 (whole row) or an even size >= 2"});
   expect_meta_refused([&](json& m) { int4(m, "bits", 8); }, {"'weights.quantization.bits' must lie in [4, 4]"});
   expect_meta_refused([&](json& m) { int4(m, "group_size", 48); }, {"'weights.quantization.group_size' must be a power of two"});
   expect_meta_refused([&](json& m) { int4(m, "group_size", 512); }, {"'weights.quantization.group_size' must lie in [32, 256]"});

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "io/quantized_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/family.h"
 
@@ -143,8 +144,7 @@ bool is_derived_buffer(const std::string& name) {
 // Checkpoint tensors the config's model does not use: refused when they could change what the model
 // computes (extra layers, biases the config turns off, ...), a warning when they cannot.
 void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoint& ck, const WeightTable& table,
-                  const std::function<void(const std::string&)>& warn) {
-  std::set<std::string> used;
+                  std::set<std::string> used, const std::function<void(const std::string&)>& warn) {
   std::string embedding;
   for (const WeightSpec& w : table.entries()) {
     for (const WeightSource& src : w.sources) used.insert(src.hf_name);
@@ -244,8 +244,11 @@ std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelS
     if (it == shapes.end() || !int4_quantizable(*specs.at(name)))
       throw Error("INT4 weight '" + name + "' is not a linear weight of this architecture");
     const Shape full = it->second.first;
+    const int64_t group = q->group(full[1]);
     it->second = {int4_packed_shape(full), DType::U8};
-    shapes[name + kInt4ScalesSuffix] = {int4_scales_shape(full, q->group_size), dt};
+    shapes[name + kInt4ScalesSuffix] = {int4_scales_shape(full, group), dt};
+    if (!q->symmetric) shapes[name + kInt4ZerosSuffix] = {int4_scales_shape(full, group), DType::U8};
+    if (q->act_order) shapes[name + kInt4PermSuffix] = {Shape{full[1]}, DType::I32};
   }
   return shapes;
 }
@@ -257,10 +260,56 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
 
   // Every source tensor present with its shape and a floating dtype, and none left over, before any
   // conversion work.
-  std::vector<std::vector<Source>> parts;  // [table entries][sources]
+  // A published INT4 checkpoint (quantization_config): its linear modules hold packed tensors in
+  // place of ".weight", checked here with the rest and converted exactly into the runtime layout.
+  const std::optional<PublishedQuant> published = read_published_quant(dir);
+  if (published && o.int4_group_size)
+    throw Error("--quantize: " + dir + " is already quantized (config.json quantization_config: " + published->method +
+                "); build it without --quantize");
+  std::optional<QuantConfig> quant;
+  if (published) {
+    quant = QuantConfig{};
+    quant->method = published->method;
+    quant->format = published->format;
+    quant->group_size = published->group_size;
+    quant->symmetric = published->symmetric;
+    quant->act_order = published->act_order;
+  }
+  std::vector<std::vector<Source>> parts;  // [table entries][sources]; empty for a published INT4 weight
+  std::vector<bool> is_published(table.entries().size(), false);
+  std::set<std::string> used;  // checkpoint tensors the table reads
   uint64_t total = 0, done = 0;
   for (const WeightSpec& w : table.entries()) {
     std::vector<Source>& sources = parts.emplace_back();
+    for (const WeightSource& src : w.sources) used.insert(src.hf_name);
+    if (published && published_quantized(*published, ck, w)) {
+      check_published(*published, ck, w);
+      is_published[parts.size() - 1] = true;
+      quant->tensors.push_back(w.name);
+      for (const WeightSource& src : w.sources) {
+        const std::string prefix = src.hf_name.substr(0, src.hf_name.size() - std::string(".weight").size());
+        for (const std::string& n : published_tensor_names(*published, prefix))
+          if (ck.has(n)) {
+            used.insert(n);
+            total += ck.get(n).nbytes;
+          }
+        // AutoGPTQ saves a bias for every quantized module, zeros where the model has none.
+        const std::string bias = prefix + ".bias";
+        if (ck.has(bias) && !std::any_of(table.entries().begin(), table.entries().end(), [&](const WeightSpec& e) {
+              return std::any_of(e.sources.begin(), e.sources.end(), [&](const WeightSource& b) { return b.hf_name == bias; });
+            })) {
+          const TensorEntry& b = ck.get(bias);
+          std::vector<float> v(size_t(numel(b.shape)));
+          if (b.dtype != DType::F32 && b.dtype != DType::F16 && b.dtype != DType::BF16)
+            throw Error(dir + ": tensor '" + bias + "' has dtype " + std::string(dtype_name(b.dtype)) + ", expected a floating type");
+          convert_to_f32(b.dtype, b.data, v.data(), v.size());
+          if (std::any_of(v.begin(), v.end(), [](float x) { return x != 0.0f; }))
+            throw Error(dir + ": tensor '" + bias + "' is not zero, but the " + spec.family + " model has no bias there");
+          used.insert(bias);
+        }
+      }
+      continue;
+    }
     for (const WeightSource& src : w.sources) {
       const TensorEntry& e = ck.get(src.hf_name);
       if (e.shape != src.shape)
@@ -273,24 +322,43 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
       total += sources.back().view.nbytes();
     }
   }
-  check_unused(dir, spec, ck, table, o.warn ? o.warn : [](const std::string& line) {
-    std::fprintf(stderr, "warning: %s\n", line.c_str());
-  });
+  const auto warn = o.warn ? o.warn : [](const std::string& line) { std::fprintf(stderr, "warning: %s\n", line.c_str()); };
+  check_unused(dir, spec, ck, table, std::move(used), warn);
+
+  if (published && quant->tensors.empty())
+    throw Error(dir + ": config.json has a quantization_config (" + published->method + ") but no linear weight holds '" +
+                published_tensor_names(*published, "<module>")[0] + "' tensors");
 
   Engine eng;
   eng.spec = spec;
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
-  std::optional<QuantConfig> quant;
   if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size");
+  bool rounded = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];
+    if (is_published[i]) {
+      Int4Parts p = convert_published(*published, ck, w, eng.weight_dtype, &rounded);
+      eng.weights.insert_or_assign(w.name, std::move(p.packed));
+      eng.weights.insert_or_assign(w.name + kInt4ScalesSuffix, std::move(p.scales));
+      if (p.zeros) eng.weights.insert_or_assign(w.name + kInt4ZerosSuffix, std::move(*p.zeros));
+      if (p.perm) eng.weights.insert_or_assign(w.name + kInt4PermSuffix, std::move(*p.perm));
+      for (const WeightSource& src : w.sources)
+        for (const std::string& n : published_tensor_names(*published, src.hf_name.substr(0, src.hf_name.size() - std::string(".weight").size())))
+          if (ck.has(n)) done += ck.get(n).nbytes;
+      if (o.progress) o.progress(done, total);
+      continue;
+    }
     HostTensor t = stack_rows(parts[i], w, eng.weight_dtype, dir);
     // One weight at a time, so the 16-bit copy of the whole model never coexists with the INT4 one.
-    if (quant && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
+    // (A published checkpoint's plain linear weights, modules it left unquantized, stay as they are.)
+    if (quant && !published && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
     else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
   }
+  if (rounded)
+    warn(dir + ": the checkpoint's INT4 scales do not all fit " + std::string(dtype_name(eng.weight_dtype)) +
+         " exactly and were rounded to it; build with --dtype f16 or f32 to keep them exact");
   eng.quant = std::move(quant);
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(eng.weight_dtype))}};
   if (eng.quant) eng.provenance["quantization"] = quant_json(&*eng.quant, eng.weight_dtype);

@@ -269,6 +269,10 @@ bool parse_tensor_dtype(const std::string& s, DType& out) {
     out = DType::U8;
     return true;
   }
+  if (s == dtype_name(DType::I32)) {  // an act-order permutation (<name>.perm)
+    out = DType::I32;
+    return true;
+  }
   return parse_weight_dtype(s, out);
 }
 
@@ -286,11 +290,31 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
   const std::string p = "weights.quantization.";
   QuantConfig c;
   c.method = f.string(q, p + "method", "method");
-  if (c.method != "rtn") f.fail(p + "method", "'" + c.method + "' is not supported by this version (only \"rtn\")");
+  if (!int4_method_known(c.method))
+    f.fail(p + "method", "'" + c.method + "' is not supported by this version (rtn, gptq, awq, compressed-tensors)");
+  const bool rtn = c.method == "rtn";
   c.bits = int(f.integer(q, p + "bits", "bits", 4, 4));
-  c.group_size = f.integer(q, p + "group_size", "group_size", kInt4MinGroup, kInt4MaxGroup);
-  if ((c.group_size & (c.group_size - 1)) != 0) f.fail(p + "group_size", "must be a power of two");
-  if (!f.boolean(q, p + "symmetric", "symmetric")) f.fail(p + "symmetric", "must be true (no zero points yet)");
+  c.group_size = f.integer(q, p + "group_size", "group_size", -1, int64_t(1) << 30);
+  if (rtn && (c.group_size < kInt4MinGroup || c.group_size > kInt4MaxGroup))
+    f.fail(p + "group_size", "must lie in [" + std::to_string(kInt4MinGroup) + ", " + std::to_string(kInt4MaxGroup) +
+                                 "] for rtn");
+  if (rtn && (c.group_size & (c.group_size - 1)) != 0) f.fail(p + "group_size", "must be a power of two for rtn");
+  if (c.group_size != -1 && (c.group_size < 2 || c.group_size % 2 != 0))
+    f.fail(p + "group_size", "must be -1 (whole row) or an even size >= 2");
+  c.symmetric = f.boolean(q, p + "symmetric", "symmetric");
+  if (rtn && !c.symmetric) f.fail(p + "symmetric", "must be true for rtn (round to nearest writes no zero points)");
+  // Absent in the files of the first INT4 version, which had no act-order.
+  c.act_order = q.contains("act_order") ? f.boolean(q, p + "act_order", "act_order") : false;
+  if (rtn && c.act_order) f.fail(p + "act_order", "must be false for rtn");
+  if (q.contains("format")) {
+    c.format = f.string(q, p + "format", "format");
+    const bool ok = (c.method == "gptq" && (c.format == "gptq" || c.format == "gptq_v2")) ||
+                    (c.method == "awq" && c.format == "gemm") ||
+                    (c.method == "compressed-tensors" && c.format == "pack-quantized");
+    if (!ok) f.fail(p + "format", "'" + c.format + "' is not a format of method '" + c.method + "'");
+  } else if (!rtn) {
+    f.fail(p + "format", "is missing (a published method records its checkpoint format)");
+  }
   if (f.string(q, p + "layout", "layout") != "int4_rows_low_nibble_first")
     f.fail(p + "layout", "must be \"int4_rows_low_nibble_first\"");
   const std::string sdt = f.string(q, p + "scale_dtype", "scale_dtype");
@@ -306,7 +330,7 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
     auto it = std::find_if(table.entries().begin(), table.entries().end(), [&](const WeightSpec& e) { return e.name == n; });
     if (it == table.entries().end() || !int4_quantizable(*it))
       f.fail(pi, "'" + n + "' is not a weight of this architecture that can be INT4");
-    if (it->shape[1] % c.group_size != 0)
+    if (c.group_size > 0 && it->shape[1] % c.group_size != 0)
       f.fail(pi, "'" + n + "' has input dimension " + std::to_string(it->shape[1]) + ", which group_size " +
                      std::to_string(c.group_size) + " does not divide");
     if (!seen.insert(n).second) f.fail(pi, "'" + n + "' is listed twice");
@@ -780,6 +804,18 @@ LoadedEngine load_engine(const std::string& path, const LoadOptions& o) {
   std::shared_ptr<const void> owner(map, map->data());
   for (const EngineTensorRecord& r : info.tensors)
     e.weights.emplace(r.name, HostTensor::borrow(r.dtype, r.shape, map->data() + r.offset, owner));
+  // The readers index by the zero points and perms: check their values (small tensors) before any runs.
+  if (e.quant)
+    for (const std::string& n : e.quant->tensors) {
+      if (!e.quant->symmetric) {
+        const HostTensor& z = e.get(n + kInt4ZerosSuffix);
+        check_int4_zeros(n, z.as<uint8_t>(), z.numel());
+      }
+      if (e.quant->act_order) {
+        const HostTensor& pm = e.get(n + kInt4PermSuffix);
+        check_int4_perm(n, pm.as<int32_t>(), pm.numel());
+      }
+    }
   e.provenance = {{"engine_file", path},
                   {"tool", info.metadata.at("tool")},
                   {"source", info.metadata.at("source")},

@@ -58,12 +58,44 @@ void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType 
   }
 }
 
+bool int4_method_known(const std::string& m) {
+  return m == "rtn" || m == "gptq" || m == "awq" || m == "compressed-tensors";
+}
+
+std::string int4_group_problem(int64_t g, int64_t cols) {
+  if (g == -1) return "";
+  if (g < 2 || g % 2 != 0) return "group size " + std::to_string(g) + " is not -1 (whole row) or an even size >= 2";
+  if (cols % g != 0)
+    return "group size " + std::to_string(g) + " does not divide the input dimension " + std::to_string(cols);
+  return "";
+}
+
+void check_int4_zeros(const std::string& name, const uint8_t* z, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (z[i] > 15)
+      throw Error("INT4 weight '" + name + "': zero point " + std::to_string(z[i]) + " at index " + std::to_string(i) +
+                  " is outside 0..15");
+}
+
+void check_int4_perm(const std::string& name, const int32_t* perm, int64_t in) {
+  std::vector<bool> seen(size_t(in), false);
+  for (int64_t j = 0; j < in; ++j) {
+    const int32_t p = perm[j];
+    if (p < 0 || p >= in || seen[size_t(p)])
+      throw Error("INT4 weight '" + name + "': perm[" + std::to_string(j) + "] = " + std::to_string(p) +
+                  " makes it no permutation of 0.." + std::to_string(in - 1));
+    seen[size_t(p)] = true;
+  }
+}
+
 nlohmann::json quant_json(const QuantConfig* q, DType sdt) {
   if (!q) return "none";
-  return {{"method", q->method},         {"bits", q->bits},
-          {"group_size", q->group_size}, {"symmetric", true},
-          {"layout", "int4_rows_low_nibble_first"}, {"scale_dtype", std::string(dtype_name(sdt))},
-          {"tensors", q->tensors}};
+  nlohmann::json j = {{"method", q->method},         {"bits", q->bits},
+                      {"group_size", q->group_size}, {"symmetric", q->symmetric},
+                      {"act_order", q->act_order},   {"layout", "int4_rows_low_nibble_first"},
+                      {"scale_dtype", std::string(dtype_name(sdt))}, {"tensors", q->tensors}};
+  if (!q->format.empty()) j["format"] = q->format;
+  return j;
 }
 
 }  // namespace ingot

@@ -1,10 +1,12 @@
-// Weight-only INT4: the one packed layout every INT4 weight has at run time, whatever made it (today
-// round-to-nearest at build; later the published GPTQ / AWQ / compressed-tensors formats, converted
-// into it). A weight [out, in] of the runtime table becomes two tensors:
-//   <name>         [out, in/2] uint8: value k of a row in byte k/2, low nibble first (even k low)
+// Weight-only INT4: the one packed layout every INT4 weight has at run time, whatever made it
+// (round-to-nearest at build, or a published GPTQ / AWQ / compressed-tensors checkpoint converted into
+// it by io/quantized_checkpoint.h). A weight [out, in] of the runtime table becomes:
+//   <name>         [out, in/2] uint8: stored column k of a row in byte k/2, low nibble first (even k low)
 //   <name>.scales  [out, in/group] in the engine's weight dtype (f32, f16 or bf16)
-// and value = (nibble - 8) * scale of its group: symmetric, no zero point, nibble 0 (-8) unused by
-// round-to-nearest (its range is [-7, 7] so that the largest magnitude of a group is exact).
+//   <name>.zeros   [out, in/group] uint8 in 0..15, only when not symmetric (absent: every zero is 8)
+//   <name>.perm    [in] int32, only with act-order: stored column j multiplies input feature perm[j]
+// and value = (nibble - zero) * scale of its group. Round-to-nearest is symmetric (zero 8) and leaves
+// nibble 0 (-8) unused (its range is [-7, 7] so that the largest magnitude of a group is exact).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,15 +23,24 @@
 namespace ingot {
 
 inline constexpr const char* kInt4ScalesSuffix = ".scales";
+inline constexpr const char* kInt4ZerosSuffix = ".zeros";
+inline constexpr const char* kInt4PermSuffix = ".perm";
 inline constexpr int64_t kInt4MinGroup = 32, kInt4MaxGroup = 256;
 
 // How an engine's weights are quantized (absent: none). Engine files record it as
 // weights.quantization (docs/quantization.md).
 struct QuantConfig {
-  std::string method = "rtn";  // how the values were chosen: "rtn", round to nearest
+  // How the values were chosen: "rtn" (round to nearest at build), or the published format they were
+  // converted from: "gptq", "awq", "compressed-tensors".
+  std::string method = "rtn";
+  std::string format;          // the published checkpoint format: "gptq", "gptq_v2", "gemm", "pack-quantized"; "" for rtn
   int bits = 4;
-  int64_t group_size = 128;    // columns (input features) sharing one scale
+  int64_t group_size = 128;    // columns (input features) sharing one scale; -1: one group per row
+  bool symmetric = true;       // false: every INT4 weight has <name>.zeros
+  bool act_order = false;      // true: every INT4 weight has <name>.perm
   std::vector<std::string> tensors;  // runtime names of the INT4 weights, in table order
+  // The group of a weight with `cols` input columns: group_size, or cols when it is -1.
+  int64_t group(int64_t cols) const { return group_size < 0 ? cols : group_size; }
 };
 
 // The runtime weights a quantized build stores as INT4: the decoder layers' linear projections (fused
@@ -44,6 +55,15 @@ QuantConfig plan_int4(const WeightTable& table, int64_t group_size, const std::s
 // [out, in/2] and [out, in/group] for a weight of runtime shape [out, in].
 Shape int4_packed_shape(const Shape& shape);
 Shape int4_scales_shape(const Shape& shape, int64_t group_size);
+// The method names an engine file may record (rtn, and the published formats).
+bool int4_method_known(const std::string& method);
+// The group-size rule of the published formats (and every reader of the runtime layout): -1 (whole
+// row), or an even size >= 2 that divides `cols`. Error text for a size that breaks it, or "".
+std::string int4_group_problem(int64_t group_size, int64_t cols);
+// Value checks of a weight's optional tensors, which the readers index by: every zero in 0..15, the
+// perm a permutation of 0..in-1. Error naming `name` on the first bad value.
+void check_int4_zeros(const std::string& name, const uint8_t* zeros, int64_t n);
+void check_int4_perm(const std::string& name, const int32_t* perm, int64_t in);
 
 // Round to nearest, per group: scale = max|w| / 7 rounded to scale_dtype, nibble = clamp(round(w /
 // scale), -7, 7) + 8 (a group of zeros gets scale 0). w [rows, cols] f32; packed [rows, cols/2];

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "io/quantized_checkpoint.h"
 #include "models/family.h"
 #include "runtime/memory_plan.h"
 
@@ -59,6 +60,10 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   } else if (!s.model_dir.empty()) {
     model_spec_ = load_model_spec(s.model_dir);
     dtype_ = build_dtype(s.model_dir, model_spec_, requested);
+    published_ = read_published_quant(s.model_dir).has_value();  // its fields checked before any tensor is read
+    if (published_ && s.int4_group_size)
+      throw Error("--quantize: " + s.model_dir + " is already quantized (config.json has a quantization_config); "
+                  "run it without --quantize");
   } else {
     model_spec_ = load_config_file(s.config_path);
     dtype_ = requested.value_or(DType::BF16);
@@ -71,9 +76,11 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
     plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
   }
-  if (device_ == "cuda" && (s.int4_group_size || (file_ && file_->quant)))
+  if (device_ == "cuda" && (s.int4_group_size || published_ || (file_ && file_->quant)))
     throw Error("cuda backend: int4 weights are not supported yet (" +
-                std::string(s.int4_group_size ? "--quantize int4" : s.engine_path + " holds INT4 weights") +
+                std::string(s.int4_group_size ? "--quantize int4"
+                            : published_       ? s.model_dir + " is an INT4 checkpoint"
+                                               : s.engine_path + " holds INT4 weights") +
                 "); run them with --device cpu until the CUDA kernels land (docs/quantization.md)");
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.

@@ -57,6 +57,7 @@ class LoadPlan {
   ModelSpec model_spec_;
   DType dtype_ = DType::F32;
   std::optional<EngineFileInfo> file_;
+  bool published_ = false;  // a checkpoint folder with a quantization_config (io/quantized_checkpoint.h)
   std::string device_;
   std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
 };

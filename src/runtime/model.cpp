@@ -61,7 +61,9 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
       Mat& m = w_.at(name).m;
       const Mat& sc = w_.at(name + kInt4ScalesSuffix).m;
       m.cols = m.ld * 2;
-      m.int4 = Int4Scales{sc.data, sc.dtype, engine_.quant->group_size};
+      m.int4 = Int4Scales{sc.data, sc.dtype, engine_.quant->group(m.cols)};
+      if (!engine_.quant->symmetric) m.int4.zeros = static_cast<const uint8_t*>(w_.at(name + kInt4ZerosSuffix).m.data);
+      if (engine_.quant->act_order) m.int4.perm = static_cast<const int32_t*>(w_.at(name + kInt4PermSuffix).m.data);
     }
   weights_ = bind_weights(s, family_.weights(s), w_);
 
