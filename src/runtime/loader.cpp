@@ -63,18 +63,13 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     model_spec_ = load_config_file(s.config_path);
     dtype_ = requested.value_or(DType::BF16);
   }
-  // INT4: checked against the model's weights here, before any weight is read, and refused on a device
-  // that cannot run it yet.
+  // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {
     if (!s.engine_path.empty())
       throw Error("--quantize: " + s.engine_path + " is an engine file, whose quantization was fixed when it was built "
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
     plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
   }
-  if (device_ == "cuda" && (s.int4_group_size || (file_ && file_->quant)))
-    throw Error("cuda backend: int4 weights are not supported yet (" +
-                std::string(s.int4_group_size ? "--quantize int4" : s.engine_path + " holds INT4 weights") +
-                "); run them with --device cpu until the CUDA kernels land (docs/quantization.md)");
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
   if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);
