@@ -219,6 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
   // The warps' partial sums, added in warp order (a fixed order: results do not depend on scheduling).
   // Thread (i, l) of the block finishes C element i of lane l: token g(l) (+8 for i >= 2), output
   // n0 + 2 t(l) + (i & 1).
+  static_assert(kWarps == 4, "the block's 4 x 32 threads finish the 4 C elements of the 32 lanes");
   __shared__ float part[kWarps][4][32];
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[warp][i][lane] = c[i];
