@@ -258,14 +258,19 @@ struct Int4Weight {
   }
 };
 
-Int4Weight random_int4(std::mt19937& rng, int64_t N, int64_t K, int64_t G, bool zeros, bool perm, DType dt) {
+// exact: scales m / 1024 with m in 1..15, so that every (nibble - zero) * scale has at most 8
+// significant bits and is exact in f16 and bf16 too: the GPU's 16-bit weights then equal the CPU's f32
+// ones, and a comparison sees only the accumulation and the output rounding (as for 16-bit weights).
+// Otherwise scales are any values (the dequantization's rounding is then checked bit for bit elsewhere).
+Int4Weight random_int4(std::mt19937& rng, int64_t N, int64_t K, int64_t G, bool zeros, bool perm, DType dt,
+                       bool exact = true) {
   Int4Weight w{N, K, G, {}, {}, {}, {}};
-  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15);
-  std::uniform_real_distribution<float> sc(0.002f, 0.02f);
+  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15), m(1, 15);
+  std::uniform_real_distribution<float> sc(0.001f, 0.015f);
   w.packed.resize(size_t(N * K / 2));
   for (uint8_t& b : w.packed) b = uint8_t(byte(rng));
   w.scales.resize(size_t(N * (K / G)));
-  for (float& v : w.scales) v = sc(rng);
+  for (float& v : w.scales) v = exact ? float(m(rng)) / 1024.0f : sc(rng);
   std::vector<uint8_t> raw(w.scales.size() * dtype_size(dt));
   convert_from_f32(dt, w.scales.data(), raw.data(), w.scales.size());
   convert_to_f32(dt, raw.data(), w.scales.data(), w.scales.size());
@@ -330,7 +335,7 @@ TEST_P(CudaOps, Int4LinearLongRows) {
 TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
   for (bool perm : {false, true}) {
     const int64_t T = 40, N = 48, K = 384, G = 64;
-    const Int4Weight w = random_int4(rng_, N, K, G, true, perm, dt_);
+    const Int4Weight w = random_int4(rng_, N, K, G, true, perm, dt_, false);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
     gpu_be_->reserve_int4_scratch(gpu_be_->int4_scratch_bytes(N * K, T, perm));
@@ -339,6 +344,23 @@ TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
     gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
     gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
     EXPECT_EQ(g.get(q, size_t(T * N)), g.get(d, size_t(T * N))) << (perm ? "perm" : "no perm");
+  }
+}
+
+// The decode kernel with scales whose products round in 16 bits: against the dense product over the
+// host's round_dt((nibble - zero) * scale) on the GPU, within the dtype's tolerance (the two differ in
+// accumulation order and kernel, not in weights).
+TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
+  for (int64_t T : {1, 5, 16}) {
+    const int64_t N = 72, K = 1024, G = 128;
+    const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_, false);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    void* gx = g.put(x);
+    void *q = g.put(std::vector<float>(size_t(T * N), 7.0f)), *d = g.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
+    gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
+    expect_close(g.get(q, size_t(T * N)), g.get(d, size_t(T * N)), tol(), "int4 decode T=" + std::to_string(T));
   }
 }
 
