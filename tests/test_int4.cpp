@@ -323,7 +323,8 @@ TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
   const Engine e = build("qwen3", 32);
   WrappedCpu be(true);
   size_t largest = 0;
-  for (const WeightSpec& w : weight_table(e.spec).entries())
+  const WeightTable table = weight_table(e.spec);
+  for (const WeightSpec& w : table.entries())
     if (int4_quantizable(w)) largest = std::max(largest, size_t(w.shape[0] * w.shape[1]) * 4);
   ASSERT_GT(largest, 0u);
   RuntimeOptions rt = bounds(2, 16);  // up to 32 tokens per forward
