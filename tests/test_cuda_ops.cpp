@@ -11,12 +11,14 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/logprobs.h"
 #include "core/dtype.h"
 #include "cuda_test_helpers.h"
+#include "test_helpers.h"
 
 #ifdef INGOT_WITH_CUDA
 namespace ingot {
@@ -216,6 +218,176 @@ TEST_P(CudaOps, LinearRejectsMixedDtypes) {
 
 // The gated attention output (Qwen3.5): x * sigmoid(gate) with the gate a strided column view of a
 // wider buffer, in place, as the model runs it.
+// A random INT4 weight [N, K] in the runtime layout (quant/int4.h) with everything a linear reads.
+struct Int4Weight {
+  int64_t N, K, G;
+  std::vector<uint8_t> packed;   // [N, K/2] every nibble 0..15 (nibble 0 included: it is legal input)
+  std::vector<float> scales;     // [N, K/G] positive, rounded to the tested dtype
+  std::vector<uint8_t> zeros;    // [N, K/G] in 0..15, or empty (zero 8)
+  std::vector<int32_t> perm;     // [K] a permutation, or empty
+  // The dense weight a 16-bit (or f32) product would read: round_dt((nibble - zero) * scale) with the
+  // columns in input order (w[n, perm[j]] = stored column j).
+  std::vector<float> dense(DType dt) const {
+    std::vector<float> w(size_t(N * K));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < K; ++j) {
+        const int nib = (packed[size_t(n * K / 2 + j / 2)] >> (4 * (j % 2))) & 0xf;
+        const int z = zeros.empty() ? 8 : zeros[size_t(n * (K / G) + j / G)];
+        w[size_t(n * K + (perm.empty() ? j : perm[size_t(j)]))] = float(nib - z) * scales[size_t(n * (K / G) + j / G)];
+      }
+    std::vector<uint8_t> raw(w.size() * dtype_size(dt));
+    convert_from_f32(dt, w.data(), raw.data(), w.size());
+    convert_to_f32(dt, raw.data(), w.data(), w.size());
+    return w;
+  }
+  // The weight as a Mat on `s`, scales (and bias) in dtype `dt`.
+  Mat put(Side& s, DType dt) const {
+    s.keep.emplace_back(s.be, packed.size());
+    s.be.upload(s.keep.back().get(), packed.data(), packed.size());
+    Mat m{s.keep.back().get(), DType::U8, N, K, K / 2};
+    m.int4.data = s.put(scales, dt);
+    m.int4.dtype = dt;
+    m.int4.group_size = G;
+    if (!zeros.empty()) {
+      s.keep.emplace_back(s.be, zeros.size());
+      s.be.upload(s.keep.back().get(), zeros.data(), zeros.size());
+      m.int4.zeros = s.keep.back().as<uint8_t>();
+    }
+    if (!perm.empty()) m.int4.perm = s.put_i32(perm);
+    return m;
+  }
+};
+
+// exact: scales m / 1024 with m in 1..15, so that every (nibble - zero) * scale has at most 8
+// significant bits and is exact in f16 and bf16 too: the GPU's 16-bit weights then equal the CPU's f32
+// ones, and a comparison sees only the accumulation and the output rounding (as for 16-bit weights).
+// Otherwise scales are any values (the dequantization's rounding is then checked bit for bit elsewhere).
+Int4Weight random_int4(std::mt19937& rng, int64_t N, int64_t K, int64_t G, bool zeros, bool perm, DType dt,
+                       bool exact = true) {
+  Int4Weight w{N, K, G, {}, {}, {}, {}};
+  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15), m(1, 15);
+  std::uniform_real_distribution<float> sc(0.001f, 0.015f);
+  w.packed.resize(size_t(N * K / 2));
+  for (uint8_t& b : w.packed) b = uint8_t(byte(rng));
+  w.scales.resize(size_t(N * (K / G)));
+  for (float& v : w.scales) v = exact ? float(m(rng)) / 1024.0f : sc(rng);
+  std::vector<uint8_t> raw(w.scales.size() * dtype_size(dt));
+  convert_from_f32(dt, w.scales.data(), raw.data(), w.scales.size());
+  convert_to_f32(dt, raw.data(), w.scales.data(), w.scales.size());
+  if (zeros) {
+    w.zeros.resize(w.scales.size());
+    for (uint8_t& z : w.zeros) z = uint8_t(nib(rng));
+  }
+  if (perm) {
+    w.perm.resize(size_t(K));
+    for (int64_t j = 0; j < K; ++j) w.perm[size_t(j)] = int32_t(j);
+    std::shuffle(w.perm.begin(), w.perm.end(), rng);
+  }
+  return w;
+}
+
+// INT4 linear against the CPU reference on the same packed bytes, scales, zeros and perm, for every
+// group size, both paths (the decode kernel up to 16 rows, dequantize + cuBLASLt beyond, and always
+// with a perm), with and without zero points, act-order and bias. K is an odd number of groups so the
+// decode kernel's 128-column chunks end part-way, N not a multiple of its 8-row tiles.
+TEST_P(CudaOps, Int4Linear) {
+  int cases = 0;
+  for (int64_t G : {32, 64, 128, 256})
+    for (int64_t T : {1, 2, 7, 16, 17, 64})
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool zeros = variant & 1, perm = variant & 2, bias = (T + variant) % 2 == 0;
+        const int64_t N = T == 7 ? 64 : 37, K = G * (G == 256 ? 3 : 5);
+        const Int4Weight w = random_int4(rng_, N, K, G, zeros, perm, dt_);
+        auto x = rnd(size_t(T * K)), b = rnd(size_t(N), 0.5f);
+        Side& g = *gpu_;
+        Side& c = *cpu_;
+        gpu_be_->reserve_int4_scratch(gpu_be_->int4_scratch_bytes(N * K, T, perm));
+        void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+        gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), bias ? g.put(b) : nullptr, g.m(gy, T, N));
+        cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), bias ? c.put(b, dt_) : nullptr, c.m(cy, T, N));
+        const std::string what = "int4 linear G=" + std::to_string(G) + " T=" + std::to_string(T) + " N=" +
+                                 std::to_string(N) + " K=" + std::to_string(K) + (zeros ? " zeros" : "") +
+                                 (perm ? " perm" : "") + (bias ? " bias" : "");
+        expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(), what);
+        ++cases;
+      }
+  EXPECT_EQ(cases, 96);
+}
+
+// Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336) and the
+// 8..16-token half of its tiles.
+TEST_P(CudaOps, Int4LinearLongRows) {
+  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336}}) {
+    const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), nullptr, g.m(gy, T, N));
+    cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), nullptr, c.m(cy, T, N));
+    expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
+                 "int4 linear T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  }
+}
+
+// The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
+// its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
+TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
+  for (bool perm : {false, true}) {
+    const int64_t T = 40, N = 48, K = 384, G = 64;
+    const Int4Weight w = random_int4(rng_, N, K, G, true, perm, dt_, false);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    gpu_be_->reserve_int4_scratch(gpu_be_->int4_scratch_bytes(N * K, T, perm));
+    void* gx = g.put(x);
+    void *q = g.put(std::vector<float>(size_t(T * N))), *d = g.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
+    gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
+    EXPECT_EQ(g.get(q, size_t(T * N)), g.get(d, size_t(T * N))) << (perm ? "perm" : "no perm");
+  }
+}
+
+// The decode kernel with scales whose products round in 16 bits: against the dense product over the
+// host's round_dt((nibble - zero) * scale) on the GPU, within the dtype's tolerance (the two differ in
+// accumulation order and kernel, not in weights).
+TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
+  for (int64_t T : {1, 5, 16}) {
+    const int64_t N = 72, K = 1024, G = 128;
+    const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_, false);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    void* gx = g.put(x);
+    void *q = g.put(std::vector<float>(size_t(T * N), 7.0f)), *d = g.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
+    gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
+    expect_close(g.get(q, size_t(T * N)), g.get(d, size_t(T * N)), tol(), "int4 decode T=" + std::to_string(T));
+  }
+}
+
+TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
+  const int64_t T = 17, N = 16, K = 64;
+  Int4Weight w = random_int4(rng_, N, K, 32, false, false, dt_);
+  Side& g = *gpu_;
+  void *gx = g.put(rnd(size_t(T * K))), *gy = g.put(std::vector<float>(size_t(T * N)));
+  EXPECT_EQ(gpu_be_->int4_scratch_bytes(N * K, 16, false), 0u);  // the decode kernel reads the packed bytes
+  EXPECT_EQ(gpu_be_->int4_scratch_bytes(N * K, 16, true), size_t(N * K) * dtype_size(dt_));
+  // More than 16 rows without the scratch a Model reserves.
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(gy, T, N)); },
+                     {"INT4 weight [16, 64] over 17 rows needs " + std::to_string(N * K * int64_t(dtype_size(dt_))) + " bytes",
+                      "reserve_int4_scratch"});
+  // A group size the kernels do not take, scales in another dtype, packed rows of the wrong length.
+  Mat bad = w.put(g, dt_);
+  bad.int4.group_size = 16;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); },
+                     {"INT4 group size 16 must be a power of two in [32, 256]"});
+  const DType other = dt_ == DType::F32 ? DType::BF16 : DType::F32;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), w.put(g, other), nullptr, g.m(gy, 1, N)); },
+                     {"INT4 scales are " + std::string(dtype_name(other))});
+  bad = w.put(g, dt_);
+  bad.ld = K;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); }, {"has rows of 32 bytes, not 64"});
+}
+
 TEST_P(CudaOps, SigmoidGateInPlaceOnStridedGate) {
   const int64_t T = 5, N = 48, LD = 3 * N;  // gates in columns [2N, 3N) of a [T, 3N] buffer
   auto x = rnd(size_t(T * N)), wide = rnd(size_t(T * LD));

@@ -14,6 +14,7 @@
 #include "io/engine_file.h"
 #include "models/family.h"
 #include "quant/int4.h"
+#include "runtime/memory_plan.h"
 #include "runtime/model.h"
 #include "test_helpers.h"
 
@@ -255,11 +256,18 @@ TEST(Int4EngineFile, ATableThatDisagreesWithTheQuantizationIsRefused) {
   test::expect_error([&] { save_engine(missing, info, dir.file("bad2.ingot")); }, {"layers.0.wo.scales"});
 }
 
-// The CPU backend with int4_weights() false, counting allocations: a backend without INT4 kernels
-// (the CUDA backend today) as a Model sees it.
-class NoInt4Backend final : public Backend {
+// The CPU backend behind a wrapper that counts allocations and answers for INT4 as another backend
+// would: int4_weights() false (a backend without INT4 kernels, as a Model sees it), or true with a
+// CUDA-like dequantization scratch (the weight in f32 beyond 16 tokens) whose reservation it records.
+class WrappedCpu final : public Backend {
  public:
-  std::string name() const override { return "no-int4"; }
+  explicit WrappedCpu(bool int4) : int4_(int4) {}
+  std::string name() const override { return int4_ ? "wrapped-cpu" : "no-int4"; }
+  bool int4_weights() const override { return int4_; }
+  size_t int4_scratch_bytes(int64_t elems, int64_t tokens, bool perm) const override {
+    return int4_ && (perm || tokens > 16) ? size_t(elems) * 4 : 0;
+  }
+  void reserve_int4_scratch(size_t bytes) override { reserved = std::max(reserved, bytes); }
   DType activation_dtype() const override { return cpu_->activation_dtype(); }
   bool host_memory() const override { return true; }
   void* alloc(size_t bytes) override { return ++allocs, cpu_->alloc(bytes); }
@@ -289,21 +297,55 @@ class NoInt4Backend final : public Backend {
   void gated_delta_rule(const GatedDeltaRuleParams& p) override { cpu_->gated_delta_rule(p); }
   void gated_rmsnorm(const GatedRmsNormParams& p) override { cpu_->gated_rmsnorm(p); }
   int allocs = 0;
+  size_t reserved = 0;
 
  private:
+  bool int4_;
   std::unique_ptr<Backend> cpu_ = make_cpu_backend(1);
 };
 
 TEST(Int4Backend, ABackendWithoutInt4IsRefusedBeforeAnythingIsAllocated) {
-  NoInt4Backend be;
+  WrappedCpu be(false);
   const Engine e = build("qwen3", 32);
   test::expect_error([&] { Model m(e, be, bounds(1, 16)); },
-                     {"no-int4 backend: int4 weights are not supported yet", "8 INT4 linear weights", "--device cpu"});
+                     {"no-int4 backend: int4 weights are not supported", "8 INT4 linear weights", "--device cpu or cuda"});
   EXPECT_EQ(be.allocs, 0);
   // The same backend runs the unquantized model (the refusal is about INT4, not the backend).
   const Engine plain = build_engine(test::fixture("qwen3"));
   Model m(plain, be, bounds(1, 16));
   EXPECT_GT(be.allocs, 0);
+}
+
+// The memory plan of an INT4 engine counts its weights packed (bytes + scales, what the engine holds)
+// and the dequantization scratch the backend asks for: the largest INT4 weight, reserved on the backend
+// by the Model, only when a forward may carry more tokens than the backend's decode kernel takes.
+TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
+  const Engine e = build("qwen3", 32);
+  WrappedCpu be(true);
+  size_t largest = 0;
+  const WeightTable table = weight_table(e.spec);
+  for (const WeightSpec& w : table.entries())
+    if (int4_quantizable(w)) largest = std::max(largest, size_t(w.shape[0] * w.shape[1]) * 4);
+  ASSERT_GT(largest, 0u);
+  RuntimeOptions rt = bounds(2, 16);  // up to 32 tokens per forward
+  const MemoryPlan p = plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be);
+  EXPECT_EQ(p.weights, e.weight_bytes());
+  EXPECT_EQ(p.weights, engine_weight_bytes(e.spec, e.weight_dtype, 32));
+  EXPECT_LT(p.weights, engine_weight_bytes(e.spec, e.weight_dtype));
+  EXPECT_EQ(p.ws.int4_dequant, largest);
+  EXPECT_EQ(p.workspace, p.ws.total());
+  {
+    Model m(e, be, rt);
+    EXPECT_EQ(be.reserved, largest);
+    EXPECT_EQ(m.weight_bytes(), p.weights);
+    EXPECT_EQ(m.workspace_bytes(), p.workspace);
+  }
+  rt.max_tokens = 16;
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be).ws.int4_dequant, 0u);
+  // The CPU backend reads the packed rows directly.
+  auto cpu = make_cpu_backend(1);
+  rt.max_tokens = 0;
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, cpu->activation_dtype(), rt, true, 32, cpu.get()).ws.int4_dequant, 0u);
 }
 
 TEST(Int4Cli, BuildInspectAndGenerateAgreeWithQuantizingAFolder) {

@@ -195,6 +195,18 @@ class Backend {
   // True when linear() takes packed INT4 weights (Mat::is_int4). A Model refuses an INT4 engine on a
   // backend without them before allocating anything.
   virtual bool int4_weights() const { return false; }
+  // Bytes of scratch linear() needs for an INT4 weight of `weight_elems` values (rows x cols) called
+  // with `tokens` rows, in this backend's activation dtype: 0 where the weight is read as it is packed
+  // (the CPU, and CUDA's decode kernel for up to kInt4DecodeRows tokens without an act-order perm);
+  // CUDA's other products dequantize the weight into it first. The Model plans the largest
+  // (MemoryPlan::ws.int4_dequant) and hands it over with reserve_int4_scratch before any forward.
+  virtual size_t int4_scratch_bytes(int64_t weight_elems, int64_t tokens, bool perm) const {
+    (void)weight_elems, (void)tokens, (void)perm;
+    return 0;
+  }
+  // Makes sure linear() has at least `bytes` of INT4 scratch (grows, never shrinks; allocated here, so
+  // not inside a graph capture). linear() refuses an INT4 call whose scratch was not reserved.
+  virtual void reserve_int4_scratch(size_t bytes) { (void)bytes; }
 
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) noexcept = 0;

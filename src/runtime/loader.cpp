@@ -68,20 +68,30 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     model_spec_ = load_config_file(s.config_path);
     dtype_ = requested.value_or(DType::BF16);
   }
-  // INT4: checked against the model's weights here, before any weight is read, and refused on a device
-  // that cannot run it yet.
+  // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {
     if (!s.engine_path.empty())
       throw Error("--quantize: " + s.engine_path + " is an engine file, whose quantization was fixed when it was built "
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
     plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
   }
-  if (device_ == "cuda" && (s.int4_group_size || published_ || (file_ && file_->quant)))
-    throw Error("cuda backend: int4 weights are not supported yet (" +
-                std::string(s.int4_group_size ? "--quantize int4"
-                            : published_       ? s.model_dir + " is an INT4 checkpoint"
-                                               : s.engine_path + " holds INT4 weights") +
-                "); run them with --device cpu until the CUDA kernels land (docs/quantization.md)");
+  // The CUDA kernels take groups of a power of two from 32 values (int4_linear.cu reads 32 values of
+  // one group per 16-byte load); the published formats also allow whole-row and other even groups.
+  if (device_ == "cuda") {
+    std::optional<int64_t> group;
+    std::string what;
+    if (published_) {
+      group = read_published_quant(s.model_dir)->group_size;
+      what = s.model_dir + " (config.json: quantization_config.group_size)";
+    } else if (file_ && file_->quant) {
+      group = file_->quant->group_size;
+      what = s.engine_path + " (weights.quantization.group_size)";
+    }
+    if (group && (*group < 32 || (*group & (*group - 1)) != 0))
+      throw Error("cuda backend: " + what + " has INT4 groups of " +
+                  (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
+                  "; the CUDA kernels take powers of two from 32; run it with --device cpu");
+  }
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
   if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);

@@ -10,6 +10,7 @@
 #include "io/engine_file.h"
 #include "models/family.h"
 #include "models/rope.h"
+#include "quant/int4.h"
 #include "runtime/state.h"
 
 namespace ingot {
@@ -41,7 +42,7 @@ struct Sizes {
 
 size_t WorkspacePlan::total() const {
   return 3 * hidden + qkv + attn + gate_up + act + conv + 6 * token_meta + gathered + logits + next_tokens + sample_params +
-         sample_step + sample_seen + sample_counts + logprobs + inv_freq;
+         sample_step + sample_seen + sample_counts + logprobs + inv_freq + int4_dequant;
 }
 
 std::string format_bytes(double bytes) {
@@ -59,13 +60,20 @@ std::string MemoryPlan::describe() const {
          std::to_string(options.capacity) + ", workspace " + format_bytes(double(workspace)) + ")";
 }
 
-size_t engine_weight_bytes(const ModelSpec& spec, DType dtype) {
+size_t engine_weight_bytes(const ModelSpec& spec, DType dtype, int64_t int4_group_size) {
   Sizes z;
   size_t total = 0;
   const WeightTable table = weight_table(spec);
   for (const WeightSpec& w : table.entries()) {
-    size_t n = dtype_size(w.dtype(dtype));
-    for (int64_t d : w.shape) n = z.mul({int64_t(n), d});
+    size_t n = 0;
+    if (int4_group_size > 0 && int4_quantizable(w) && w.shape.size() == 2) {
+      // [out, in/2] packed bytes + [out, in/group] scales (plan_int4 checked that the group divides in)
+      n = z.add(z.mul({w.shape[0], w.shape[1] / 2}),
+                z.mul({w.shape[0], w.shape[1] / int4_group_size, int64_t(dtype_size(w.dtype(dtype)))}));
+    } else {
+      n = dtype_size(w.dtype(dtype));
+      for (int64_t d : w.shape) n = z.mul({int64_t(n), d});
+    }
     total = z.add(total, n);
   }
   if (z.overflow) throw Error("the weights of this model exceed 2^64 bytes (check its config's dimensions)");
@@ -73,7 +81,7 @@ size_t engine_weight_bytes(const ModelSpec& spec, DType dtype) {
 }
 
 MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const RuntimeOptions& options,
-                       bool weights_in_place) {
+                       bool weights_in_place, int64_t int4_group_size, const Backend* be) {
   MemoryPlan p;
   RuntimeOptions& o = p.options;
   o = options;
@@ -86,7 +94,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   if (o.max_tokens == 0) o.max_tokens = std::min<int64_t>(int64_t(o.max_batch) * o.capacity, 4096);
   if (o.max_logit_rows == 0) o.max_logit_rows = std::max<int64_t>(o.max_batch, 64);
   p.activation_dtype = adt;
-  p.weights = engine_weight_bytes(s, weight_dtype);
+  p.weights = engine_weight_bytes(s, weight_dtype, int4_group_size);
   p.weights_in_place = weights_in_place;
 
   Sizes z;
@@ -114,10 +122,17 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   w.sample_counts = z.mul({B, s.vocab, int64_t(sizeof(int32_t))});
   w.logprobs = z.mul({L, 1 + 2 * sampling::kMaxTopLogprobs, 4});
   w.inv_freq = std::max<size_t>(rope_inv_freq(s).size(), 1) * sizeof(float);
+  if (int4_group_size > 0 && be) {
+    const WeightTable table = weight_table(s);
+    for (const WeightSpec& ws : table.entries())
+      if (int4_quantizable(ws) && ws.shape.size() == 2)
+        w.int4_dequant = std::max(w.int4_dequant, be->int4_scratch_bytes(int64_t(z.mul({ws.shape[0], ws.shape[1]})), T, false));
+  }
   size_t ws = 0;
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
                    w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
-                   w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq})
+                   w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq,
+                   w.int4_dequant})
     ws = z.add(ws, b);
   p.workspace = ws;
   z.add(z.add(p.weights, p.cache), p.workspace);
@@ -144,6 +159,8 @@ void check_fits(const MemoryPlan& plan, std::optional<size_t> available, const s
 
 void check_host_memory(const ModelSpec& spec, DType weight_dtype, const RuntimeOptions& rt, bool weights_built,
                        const Backend* host_backend) {
+  // Weights built here count at the engine dtype even when they are quantized next: random weights are
+  // all built before they are quantized, so that is the peak.
   const std::optional<size_t> avail = host_available_bytes();
   if (host_backend) {
     check_fits(plan_memory(spec, weight_dtype, host_backend->activation_dtype(), rt, !weights_built), avail,

@@ -40,6 +40,10 @@ struct WorkspacePlan {
   size_t sample_counts = 0;  // [max_batch, vocab] int32: generated tokens' counts (frequency/presence penalties)
   size_t logprobs = 0;       // [max_logit_rows, 1 + 2 * kMaxTopLogprobs] 4-byte outputs of the logprobs op
   size_t inv_freq = 0;
+  // INT4 engines on backends that dequantize a weight for wide products (CUDA, more than 16 tokens):
+  // the largest Backend::int4_scratch_bytes over the INT4 weights at max_tokens; held by the backend
+  // (Backend::reserve_int4_scratch), not by the Model. 0 otherwise.
+  size_t int4_dequant = 0;
   size_t total() const;
 };
 
@@ -58,13 +62,18 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
-// Bytes of the runtime-layout weights (the family's weight table) of `spec` in `dtype`.
-size_t engine_weight_bytes(const ModelSpec& spec, DType dtype);
+// Bytes of the runtime-layout weights (the family's weight table) of `spec` in `dtype`; with
+// int4_group_size > 0, the INT4 weights (quant/int4.h: int4_quantizable) at their packed size plus
+// their scales ([out, in/2] u8 + [out, in/group] in `dtype`), as a quantized engine stores them.
+size_t engine_weight_bytes(const ModelSpec& spec, DType dtype, int64_t int4_group_size = 0);
 
 // Resolves the options' defaults, refuses options no run could use (each limit named) and sums what a
 // Model over these will allocate. Throws Error when a figure exceeds the 64-bit address space.
+// int4_group_size > 0: the engine's linear weights are INT4 of that group (counted packed); `be`, when
+// given, says how much INT4 scratch its linear needs (WorkspacePlan::int4_dequant).
+class Backend;
 MemoryPlan plan_memory(const ModelSpec& spec, DType weight_dtype, DType activation_dtype, const RuntimeOptions& options,
-                       bool weights_in_place = false);
+                       bool weights_in_place = false, int64_t int4_group_size = 0, const Backend* be = nullptr);
 
 // Throws Error with both figures (what `plan` needs, broken into weights, cache and workspace, and
 // what `where` has free) when it does not fit; does nothing when `available` is unknown.
@@ -72,7 +81,6 @@ void check_fits(const MemoryPlan& plan, std::optional<size_t> available, const s
 // The same for a bare byte count (e.g. an engine's weights about to be built in host memory).
 void check_fits(size_t needed, const std::string& what, std::optional<size_t> available, const std::string& where);
 
-class Backend;
 struct EngineFileInfo;
 
 // Before an engine exists: refuses (Error with both figures) when the host cannot hold what the run

@@ -22,10 +22,11 @@ namespace {
 // memory cannot hold it: checked while initialising, before the state or anything else is allocated.
 MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions& options) {
   if (engine.quant && !be.int4_weights())
-    throw Error(be.name() + " backend: int4 weights are not supported yet (the engine's " +
-                std::to_string(engine.quant->tensors.size()) + " INT4 linear weights run on --device cpu; CUDA "
-                "kernels are planned, docs/quantization.md)");
-  MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory());
+    throw Error(be.name() + " backend: int4 weights are not supported (the engine has " +
+                std::to_string(engine.quant->tensors.size()) +
+                " INT4 linear weights; run it with --device cpu or cuda, docs/quantization.md)");
+  MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory(),
+                                engine.quant ? engine.quant->group_size : 0, &be);
   check_fits(plan, be.available_memory_bytes(), be.host_memory() ? "host memory" : be.name() + " device memory");
   return plan;
 }
@@ -72,6 +73,11 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     b = Buffer(be_, bytes);
     workspace_bytes_ += bytes;
   };
+  // The backend holds the INT4 dequantization scratch (shared by every Model on it); planned here.
+  if (w.int4_dequant) {
+    be_.reserve_int4_scratch(w.int4_dequant);
+    workspace_bytes_ += w.int4_dequant;
+  }
   ws(x_, w.hidden);
   ws(h_, w.hidden);
   ws(delta_, w.hidden);

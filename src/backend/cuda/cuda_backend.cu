@@ -237,6 +237,7 @@ class CudaBackend final : public Backend {
     plans_.clear();
     if (lt_) cublasLtDestroy(lt_);
     free(lt_ws_);
+    free(int4_scratch_);
     for (const Scratch* sc : {&attn_, &argmax_}) {
       free(sc->floats);
       free(sc->counters);
@@ -250,6 +251,22 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   DType activation_dtype() const override { return dtype_; }
+  bool int4_weights() const override { return true; }
+  // The decode kernel reads the packed weight; everything else (more tokens, act-order, or the
+  // batch-invariant mode, where every row count must take the one cuBLASLt algorithm) needs the weight
+  // dequantized: [rows, cols] in the activation dtype.
+  size_t int4_scratch_bytes(int64_t weight_elems, int64_t tokens, bool perm) const override {
+    if (!invariant_ && !perm && tokens <= kInt4DecodeRows) return 0;
+    return size_t(weight_elems) * dtype_size(dtype_);
+  }
+  void reserve_int4_scratch(size_t bytes) override {
+    if (bytes <= int4_scratch_bytes_) return;
+    free(int4_scratch_);
+    int4_scratch_ = nullptr;
+    int4_scratch_bytes_ = 0;
+    int4_scratch_ = alloc(bytes);
+    int4_scratch_bytes_ = bytes;
+  }
 
   void* alloc(size_t bytes) override {
     void* p = nullptr;
@@ -409,9 +426,7 @@ class CudaBackend final : public Backend {
     launch_add_rmsnorm(x, delta, weight, wt, eps, out, stream_->get());
   }
   void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
-    // Model refuses INT4 engines here first (int4_weights() is false); this names the gap for any other caller.
-    if (w.is_int4())
-      throw Error("cuda backend: int4 weights are not supported yet (docs/quantization.md); run them with --device cpu");
+    if (w.is_int4()) return linear_int4(x, w, bias, y);
     if (w.dtype != dtype_ || x.dtype != dtype_ || y.dtype != dtype_)
       throw Error("cuda backend: linear got " + std::string(dtype_name(w.dtype)) + " weights and " +
                   std::string(dtype_name(x.dtype)) + " activations on a " + std::string(dtype_name(dtype_)) +
@@ -496,6 +511,32 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // y = x w^T (+ bias) for a packed INT4 w (int4_linear.cu): the decode kernel for few tokens, else the
+  // weight dequantized into the reserved scratch and the cuBLASLt product of the 16-bit (or f32) path.
+  void linear_int4(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
+    check_int4_weight(w, dtype_, "linear");
+    if (x.dtype != dtype_ || y.dtype != dtype_)
+      throw Error("cuda backend: linear got " + std::string(dtype_name(x.dtype)) + " activations on a " +
+                  std::string(dtype_name(dtype_)) + " backend");
+    if (x.cols != w.cols || y.cols != w.rows || y.rows != x.rows)
+      throw Error("cuda backend: linear shape mismatch: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                  "], INT4 w [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], y [" +
+                  std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]");
+    if (x.rows == 0) return;
+    auto _ = prof_.scope([&] { return "linear int4 x " + shape(x) + " w " + shape(w); }, stream_->get());
+    if (!invariant_ && launch_int4_gemv(x, w, bias, y, stream_->get())) return;
+    const size_t need = size_t(w.rows) * size_t(w.cols) * dtype_size(dtype_);
+    if (need > int4_scratch_bytes_)
+      throw Error("cuda backend: linear: the INT4 weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) +
+                  "] over " + std::to_string(x.rows) + " rows needs " + std::to_string(need) +
+                  " bytes of dequantization scratch but " + std::to_string(int4_scratch_bytes_) +
+                  " are reserved (Backend::reserve_int4_scratch; a Model reserves what its memory plan counts)");
+    const Mat deq = mat(int4_scratch_, dtype_, w.rows, w.cols);  // [N, K] activation dtype
+    launch_int4_dequant(w, deq, stream_->get());
+    matmul(x, deq, y);
+    if (bias) launch_add_bias(y, bias, stream_->get());
+  }
+
   // y [T, N] = x [T, K] w[N, K]^T. In cuBLASLt's column-major terms: C (N x T) = op(A) B with
   // A = w read as a K x N matrix (transposed), B = x read as K x T.
   void matmul(const Mat& x, const Mat& w, const Mat& y) {
@@ -666,6 +707,8 @@ class CudaBackend final : public Backend {
   int device_;
   bool invariant_;  // batch-invariant kernels (make_cuda_backend)
   std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> invariant_algos_;  // by w rows, cols, ld
+  void* int4_scratch_ = nullptr;  // [rows, cols] of the largest INT4 weight, activation dtype (reserve_int4_scratch)
+  size_t int4_scratch_bytes_ = 0;
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;
   cublasLtHandle_t lt_ = nullptr;

@@ -137,6 +137,17 @@ void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float*
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
 // out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for few tokens; false when it does not suit.
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s);
+// INT4 weights (int4_linear.cu). Products of up to kInt4DecodeRows tokens read the packed weight in
+// place; wider ones (and act-order weights) dequantize it into a scratch for cuBLASLt.
+inline constexpr int64_t kInt4DecodeRows = 16;
+// Throws Error naming `op` when w is not an INT4 weight the kernels take (scales in scale_dtype, a
+// power-of-two group in [32, 256] dividing the columns, K/2-byte rows on 16-byte boundaries).
+void check_int4_weight(const Mat& w, DType scale_dtype, const char* op);
+// y = x w^T (+bias, in the scales' dtype) for 1..kInt4DecodeRows tokens; false, launching nothing,
+// when the call does not suit it (more tokens, an act-order perm, unaligned x).
+bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
+// out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
+void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
 // Adds bias [N] (dtype of y) to every row of y.
 void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
 // Linear attention (linear_attention.cu): causal conv1d + SiLU, the gated delta rule, the gated RMSNorm.

@@ -1,0 +1,410 @@
+// INT4 weight-only linear (W4A16): y = x w^T (+bias) with w packed as quant/int4.h lays it out, rows
+// of [K/2] bytes, value k in byte k/2 low nibble first, value = (nibble - zero) * scale of its group.
+// The packed rows are read as they are stored (no kernel re-layout): every kernel here reads 16
+// consecutive bytes (32 values, always inside one group since groups are powers of two >= 32) per
+// lane per load.
+//
+// Three kernels:
+//  - int4_mma_kernel (f16/bf16, 1..16 tokens, decode): one block per 8 output rows, its warps splitting
+//    K; each lane dequantizes in registers into pairs of the activation dtype, exactly
+//    round((nibble - zero) * scale) (the integer difference is exact in 16 bits, the product rounded
+//    once, as the f32 product rounded to 16 bits is), and feeds them to mma.sync m16n8k16 as the B
+//    operand (k x outputs), the tokens being the A rows (16; rows past the call are zeros), fp32
+//    accumulation. The MMA's 16 k slots need not be consecutive columns: a lane's pairs are whatever
+//    two nibbles a shift and a mask give (columns c and c+4 of a 32-bit word), and the x fragment is
+//    assembled from the same columns with byte permutes, so the weights need no re-layout.
+//  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
+//    exactly in f32 ((nibble - zero) * scale, one f32 product, as the CPU reference) and f32 FMAs.
+//  - int4_dequant_kernel (wider products, act-order weights, batch-invariant mode): the weight into a
+//    [N, K] scratch of the activation dtype with the decode kernels' exact values, for cuBLASLt. With
+//    an act-order perm the columns are scattered back to input order (deq[n, perm[j]] = w[n, j]), so
+//    y = x deq^T = W_stored . x[perm] with x read as it is.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot::cuda {
+namespace {
+
+constexpr int kWarps = 4;             // warps per block: the MMA kernel's split of K, the f32 kernel's rows
+constexpr int kLoads = 4;             // 16-byte weight loads in flight per lane per step
+constexpr int kChunk = 128;           // values per MMA-kernel chunk: 4 lanes x 32 values of one row
+constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
+
+struct Int4Args {
+  const void* x;         // [T, K] activations (the engine dtype)
+  int64_t x_ld;          // elements between x rows
+  const uint8_t* w;      // [N, K/2] packed nibbles
+  int64_t w_ld;          // bytes between weight rows
+  const void* scales;    // [N, K/group] in the engine dtype
+  const uint8_t* zeros;  // [N, K/group] u8, or null (every zero 8)
+  int64_t s_ld;          // elements between rows of scales (and zeros): K/group
+  const void* bias;      // [N] or null
+  void* y;               // [T, N]
+  int64_t y_ld;
+  int T, N, K;
+  int group_shift;       // log2(group size)
+};
+
+struct DequantArgs {
+  const uint8_t* w;      // [N, K/2] packed nibbles, w_ld bytes between rows
+  int64_t w_ld;
+  const void* scales;    // [N, K/group]
+  const uint8_t* zeros;  // [N, K/group] or null
+  int64_t s_ld;
+  const int32_t* perm;   // [K] or null
+  void* out;             // [N, K] in the engine dtype, out_ld elements between rows
+  int64_t out_ld;
+  int N, K;
+  int group_shift;
+};
+
+// 16 bytes of weights, read once: not kept in L1, which holds x.
+__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
+// (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x6400;
+  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
+    __half2 d = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&zm)),
+                        *reinterpret_cast<__half2*>(&s2));
+    return *reinterpret_cast<uint32_t*>(&d);
+  }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x4300;
+  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
+    __nv_bfloat162 d = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&zm)),
+                               *reinterpret_cast<__nv_bfloat162*>(&s2));
+    return *reinterpret_cast<uint32_t*>(&d);
+  }
+};
+
+// Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T, low half value c:
+// round((nibble - zero) * scale). zm holds (2^e + zero) in both halves, s2 the scale in both.
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
+  const uint32_t q = ((word >> shift) & 0x000f000fu) | (Pair<T>::kMagic * 0x00010001u);
+  return Pair<T>::sub_mul(q, zm, s2);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t bits_of(T v) {
+  return uint32_t(*reinterpret_cast<const uint16_t*>(&v));
+}
+
+// D (+)= A B on the tensor cores: A 16x16 (tokens x k slots), B 16x8 (k slots x outputs), f32 C/D.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// 32 values of x row `row` from column `base` as 16 pairs (zeros when the row or the columns are
+// outside the call: they multiply real weights, and must not be NaN garbage).
+template <typename T>
+__device__ __forceinline__ void load_x32(const Int4Args& a, int row, int base, bool valid, uint32_t (&xv)[16]) {
+  if (valid && row < a.T) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = p[i];
+      xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) xv[i] = 0;
+  }
+}
+
+// Lane (g, t) = (lane / 4, lane % 4) of each warp: B column g is output row n0 + g, whose chunk
+// columns [t*32, t*32 + 32) it loads (16 bytes); A rows g and g + 8 are tokens g and g + 8. Word j of
+// the lane's 16 bytes (columns base + 8j .. + 7) feeds two MMAs: k slots (2t, 2t+1 | 2t+8, 2t+9) hold
+// columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7) — for A and B alike, so every
+// product pairs a weight with its own input column. kRows16: tokens 8..15 exist (A rows 8..15 loaded).
+template <typename T, bool kRows16>
+__global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 8;
+  const int n = min(n0 + g, a.N - 1);  // rows past N read the last row; their outputs are not written
+  const uint8_t* wrow = a.w + int64_t(n) * a.w_ld;
+  // The head of each row into L2 (one 128-byte line per lane of its quad), before waiting.
+  for (int b = (warp * 4 + t) * 128; b < min(a.K / 2, kPrefetchBytes); b += kWarps * 4 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + b));
+  pdl_wait();
+  pdl_trigger();
+  const T* scales = static_cast<const T*>(a.scales) + int64_t(n) * a.s_ld;
+  const uint8_t* zeros = a.zeros ? a.zeros + int64_t(n) * a.s_ld : nullptr;
+  const int chunks = (a.K + kChunk - 1) / kChunk;
+
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c0 = warp; c0 < chunks; c0 += kWarps * kLoads) {
+    uint4 wq[kLoads];
+    uint32_t zm[kLoads], s2[kLoads];
+    bool valid[kLoads];
+    // Every load of the step first (weights, then their scales and zeros), then the math.
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int base = (c0 + u * kWarps) * kChunk + t * 32;
+      valid[u] = c0 + u * kWarps < chunks && base < a.K;
+      wq[u] = valid[u] ? load_stream(wrow + base / 2) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int grp = ((c0 + u * kWarps) * kChunk + t * 32) >> a.group_shift;
+      const uint32_t z = valid[u] ? (zeros ? uint32_t(zeros[grp]) : 8u) : 8u;
+      const uint32_t s = valid[u] ? bits_of(scales[grp]) : 0u;
+      zm[u] = (Pair<T>::kMagic | z) * 0x00010001u;
+      s2[u] = s * 0x00010001u;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (c0 + u * kWarps >= chunks) break;  // warp-uniform: the MMAs below run on every lane or none
+      const int base = (c0 + u * kWarps) * kChunk + t * 32;
+      uint32_t xa[16], xb[16];
+      load_x32<T>(a, g, base, valid[u], xa);
+      if constexpr (kRows16) load_x32<T>(a, g + 8, base, valid[u], xb);
+      const uint32_t words[4] = {wq[u].x, wq[u].y, wq[u].z, wq[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // A lane outside K multiplies zeros by zeros (its dequantized nibbles would be -zero * 0 = 0
+        // too, but x is what guarantees it).
+        const uint32_t r0 = xa[4 * j], r1 = xa[4 * j + 1], r2 = xa[4 * j + 2], r3 = xa[4 * j + 3];
+        uint32_t A[4];
+        A[0] = __byte_perm(r0, r2, 0x5410);  // row g, slots 2t, 2t+1: columns 8j, 8j+4
+        A[2] = __byte_perm(r0, r2, 0x7632);  // row g, slots 2t+8, 2t+9: columns 8j+1, 8j+5
+        A[1] = A[3] = 0;
+        if constexpr (kRows16) {
+          A[1] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x5410);
+          A[3] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x7632);
+        }
+        mma_16816<T>(c, A, dequant_pair<T>(words[j], 0, zm[u], s2[u]), dequant_pair<T>(words[j], 4, zm[u], s2[u]));
+        A[0] = __byte_perm(r1, r3, 0x5410);  // columns 8j+2, 8j+6
+        A[2] = __byte_perm(r1, r3, 0x7632);  // columns 8j+3, 8j+7
+        if constexpr (kRows16) {
+          A[1] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x5410);
+          A[3] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x7632);
+        }
+        mma_16816<T>(c, A, dequant_pair<T>(words[j], 8, zm[u], s2[u]), dequant_pair<T>(words[j], 12, zm[u], s2[u]));
+      }
+    }
+  }
+
+  // The warps' partial sums, added in warp order (a fixed order: results do not depend on scheduling).
+  // Thread (i, l) of the block finishes C element i of lane l: token g(l) (+8 for i >= 2), output
+  // n0 + 2 t(l) + (i & 1).
+  static_assert(kWarps == 4, "the block's 4 x 32 threads finish the 4 C elements of the 32 lanes");
+  __shared__ float part[kWarps][4][32];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][i][lane] = c[i];
+  __syncthreads();
+  const int i = threadIdx.x / 32, l = threadIdx.x & 31;
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v += part[w][i][l];
+  const int tok = (l >> 2) + (i >= 2 ? 8 : 0), out = n0 + 2 * (l & 3) + (i & 1);
+  if (tok < a.T && out < a.N) {
+    if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+    static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+  }
+}
+
+// f32 activations: a warp per output row, each lane 32 values (16 bytes) per step; up to NT tokens.
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int n0 = blockIdx.x * kWarps + warp;
+  const uint8_t* wrow = a.w + int64_t(min(n0, a.N - 1)) * a.w_ld;
+  for (int b = lane * 128; b < min(a.K / 2, kPrefetchBytes); b += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + b));
+  pdl_wait();
+  pdl_trigger();
+  if (n0 >= a.N) return;
+  const float* scales = static_cast<const float*>(a.scales) + int64_t(n0) * a.s_ld;
+  const uint8_t* zeros = a.zeros ? a.zeros + int64_t(n0) * a.s_ld : nullptr;
+  const float* x = static_cast<const float*>(a.x);
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  for (int base = lane * 32; base < a.K; base += 32 * 32) {
+    const uint4 q = load_stream(wrow + base / 2);
+    const int grp = base >> a.group_shift;
+    const float s = scales[grp];
+    const int z = zeros ? int(zeros[grp]) : 8;
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    float wv[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) wv[i] = float(int((words[i / 8] >> (4 * (i % 8))) & 0xfu) - z) * s;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= a.T) break;
+      const float4* xr = reinterpret_cast<const float4*>(x + int64_t(t) * a.x_ld + base);
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        const float4 xv = xr[v];
+        acc[t] += wv[4 * v] * xv.x + wv[4 * v + 1] * xv.y + wv[4 * v + 2] * xv.z + wv[4 * v + 3] * xv.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= a.T) break;
+      float v = acc[t];
+      if (a.bias) v += static_cast<const float*>(a.bias)[n0];
+      static_cast<float*>(a.y)[int64_t(t) * a.y_ld + n0] = v;
+    }
+  }
+}
+
+// One thread per 8 values (a 32-bit word of one row). The scratch may still be read by the previous
+// product on the stream, so nothing is written before the dependency wait.
+template <typename T>
+__global__ void int4_dequant_kernel(DequantArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t words_per_row = a.K / 8, total = int64_t(a.N) * words_per_row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = idx / words_per_row;
+    const int k0 = int(idx - n * words_per_row) * 8;
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(a.w + n * a.w_ld + k0 / 2);
+    const int64_t gi = n * a.s_ld + (k0 >> a.group_shift);
+    const int z = a.zeros ? int(a.zeros[gi]) : 8;
+    const T s = static_cast<const T*>(a.scales)[gi];
+    T* out = static_cast<T*>(a.out) + n * a.out_ld;
+    alignas(16) T v[8];
+    if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = float(int((word >> (4 * i)) & 0xfu) - z) * s;
+      if (!a.perm) {
+        reinterpret_cast<float4*>(out + k0)[0] = reinterpret_cast<const float4*>(v)[0];
+        reinterpret_cast<float4*>(out + k0)[1] = reinterpret_cast<const float4*>(v)[1];
+        continue;
+      }
+    } else {
+      // The decode kernel's pairs, so both paths use the same 16-bit weights bit for bit.
+      const uint32_t zm = (Pair<T>::kMagic | uint32_t(z)) * 0x00010001u, s2 = bits_of(s) * 0x00010001u;
+      uint32_t p[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) p[c] = dequant_pair<T>(word, 4 * c, zm, s2);  // values (c, c+4)
+      uint32_t o[4] = {__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410),
+                       __byte_perm(p[0], p[1], 0x7632), __byte_perm(p[2], p[3], 0x7632)};  // (0,1) (2,3) (4,5) (6,7)
+      if (!a.perm) {
+        *reinterpret_cast<uint4*>(out + k0) = make_uint4(o[0], o[1], o[2], o[3]);
+        continue;
+      }
+      *reinterpret_cast<uint4*>(v) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int32_t col = a.perm[k0 + i];
+      if (col >= 0 && col < a.K) out[col] = v[i];  // a permutation (checked where it is made)
+    }
+  }
+}
+
+int log2_exact(int64_t v) {
+  int s = 0;
+  while ((int64_t(1) << s) < v) ++s;
+  return s;
+}
+
+}  // namespace
+
+void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
+  const Int4Scales& q = w.int4;
+  const int64_t g = q.group_size;
+  if (!w.data || !q.data)
+    throw Error(std::string("cuda backend: ") + op + ": an INT4 weight needs its packed data and its scales");
+  if (g < 32 || g > 256 || (g & (g - 1)) != 0 || w.cols % g != 0)
+    throw Error(std::string("cuda backend: ") + op + ": INT4 group size " + std::to_string(g) +
+                " must be a power of two in [32, 256] dividing the " + std::to_string(w.cols) + " columns");
+  if (w.ld * 2 != w.cols)
+    throw Error(std::string("cuda backend: ") + op + ": an INT4 weight of " + std::to_string(w.cols) +
+                " columns has rows of " + std::to_string(w.cols / 2) + " bytes, not " + std::to_string(w.ld));
+  if (q.dtype != scale_dtype)
+    throw Error(std::string("cuda backend: ") + op + ": INT4 scales are " + std::string(dtype_name(q.dtype)) +
+                " on a " + std::string(dtype_name(scale_dtype)) + " backend; build the engine in the backend's dtype");
+  if (!aligned16(w.data, w.ld, 1))
+    throw Error(std::string("cuda backend: ") + op + ": INT4 weight rows must start on 16-byte boundaries");
+  if (w.rows > INT32_MAX || w.cols > INT32_MAX)
+    throw Error(std::string("cuda backend: ") + op + ": INT4 weight of more than 2^31 rows or columns");
+}
+
+bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
+  if (x.rows < 1 || x.rows > kInt4DecodeRows || w.int4.perm) return false;
+  if (!aligned16(x.data, x.ld, dtype_size(x.dtype))) return false;
+  const Int4Args a{x.data,       x.ld, static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
+                   w.cols / w.int4.group_size, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols),
+                   log2_exact(w.int4.group_size)};
+  switch (x.dtype) {
+    case DType::F16:
+    case DType::BF16:
+      dispatch(x.dtype, "int4 linear", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        if constexpr (!std::is_same_v<T, float>) {
+          const dim3 grid(unsigned((a.N + 7) / 8));
+          if (a.T > 8) launch("int4_mma_kernel", int4_mma_kernel<T, true>, grid, dim3(kWarps * 32), 0, s, a);
+          else launch("int4_mma_kernel", int4_mma_kernel<T, false>, grid, dim3(kWarps * 32), 0, s, a);
+        }
+      });
+      return true;
+    case DType::F32: {
+      const dim3 grid(unsigned((a.N + kWarps - 1) / kWarps)), block(kWarps * 32);
+      if (a.T == 1) launch("int4_gemv_f32_kernel", int4_gemv_f32_kernel<1>, grid, block, 0, s, a);
+      else if (a.T == 2) launch("int4_gemv_f32_kernel", int4_gemv_f32_kernel<2>, grid, block, 0, s, a);
+      else if (a.T <= 4) launch("int4_gemv_f32_kernel", int4_gemv_f32_kernel<4>, grid, block, 0, s, a);
+      else if (a.T <= 8) launch("int4_gemv_f32_kernel", int4_gemv_f32_kernel<8>, grid, block, 0, s, a);
+      else launch("int4_gemv_f32_kernel", int4_gemv_f32_kernel<16>, grid, block, 0, s, a);
+      return true;
+    }
+    default: return false;
+  }
+}
+
+void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s) {
+  if (out.rows != w.rows || out.cols != w.cols)
+    throw Error("cuda backend: int4 dequantize into [" + std::to_string(out.rows) + ", " + std::to_string(out.cols) +
+                "] for a weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+  const DequantArgs a{static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
+                      w.cols / w.int4.group_size, w.int4.perm, out.data, out.ld, int(w.rows), int(w.cols),
+                      log2_exact(w.int4.group_size)};
+  const int64_t words = w.rows * (w.cols / 8);
+  const unsigned blocks = unsigned(std::min<int64_t>((words + 255) / 256, int64_t(1) << 20));
+  dispatch(out.dtype, "int4 dequantize", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    launch("int4_dequant_kernel", int4_dequant_kernel<T>, dim3(blocks), dim3(256), 0, s, a);
+  });
+}
+
+}  // namespace ingot::cuda
