@@ -33,6 +33,12 @@ build)
     cp -r "$src/." "$tmp"
     rev=unknown
   fi
+  # CUDA 13 removed two things calm's snapshot uses: the internal _ALIGNAS macro (standard alignas is
+  # the same) and cudaDeviceProp::memoryClockRate (only in its banner line; printed as 0 here).
+  sed -i 's/_ALIGNAS(/alignas(/' "$tmp/src/helpers.cuh"
+  sed -i 's/(double)devprop.memoryClockRate/0.0/' "$tmp/src/infer.cu"
+  # It links with the C compiler; CUDA 13's host stubs need the C++ runtime (static-local guards).
+  echo 'LDFLAGS+=-lstdc++' >> "$tmp/Makefile"
   make -C "$tmp" CUARCH=sm_90 -j"${JOBS:-2}" >/dev/null
   rm -rf "$dest" && mkdir -p "$dest"
   cp "$tmp/build/run" "$tmp/tools/convert.py" "$dest/"
