@@ -64,6 +64,7 @@ void add_bench(CLI::App& app) {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
+    a->model.check_tp();
     // Everything a run will ask for is checked before the engine is built, generated or verified.
     LoadSpec ls;
     ls.model_dir = a->model.model_dir;
@@ -92,6 +93,7 @@ void add_bench(CLI::App& app) {
       RuntimeOptions rt;
       rt.max_batch = B;
       rt.capacity = slots;
+      rt.tp = a->model.tp;
       // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
       rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
       runs.push_back(plan.fit(rt));

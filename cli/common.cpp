@@ -23,6 +23,15 @@ void ModelArgs::add_to(CLI::App& app) {
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
   add_quantize_options(app, quantize, group_size);
+  app.add_option("--tp", tp, "tensor-parallel ranks: the model split over N ranks (CPU: threads of this process; "
+                             "docs/tensor-parallel.md)")
+      ->check(at_least(1));
+}
+
+void ModelArgs::check_tp() const {
+  if (tp != 1 && device == "cuda")
+    throw Error("--tp " + std::to_string(tp) + " --device cuda: tensor parallelism on the GPU is not implemented yet "
+                "(NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
 }
 
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size) {
@@ -43,6 +52,7 @@ std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t gr
 
 LoadSpec ModelArgs::load_spec() const {
   if (model_dir.empty() == engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  check_tp();
   LoadSpec s;
   s.model_dir = model_dir;
   s.engine_path = engine_path;
@@ -59,6 +69,7 @@ Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
   LoadSpec s = a.load_spec();
   ProgressBar bar("verifying", a.quiet);
   s.progress = bar.fn();
+  rt.tp = a.tp;
   return load(s, rt, layout_given);
 }
 

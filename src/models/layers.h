@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "dist/communicator.h"
 #include "models/config_fields.h"
 #include "models/family.h"
 #include "models/spec.h"
@@ -38,6 +39,10 @@ struct ForwardContext {
   float rope_scale = 1.0f;
   int max_kv_len = 0;
   int rows = 0;  // distinct cache rows in the call
+  // Set on a rank of a tensor-parallel group (runtime/tp_split.h): the weights are this rank's slice,
+  // and each block's row-parallel output projection leaves a partial sum in delta that one all-reduce
+  // completes. Null: the whole model, no collective.
+  Communicator* comm = nullptr;
 };
 
 // The runtime table of a Llama-style checkpoint, model-level weights first, then each layer's:
