@@ -225,7 +225,12 @@ void add_bench(CLI::App& app) {
         r["copy_bandwidth_gbs"] = copy_gbs;
         r["bandwidth_pct"] = r["decode_gbs"].get<double>() / copy_gbs * 100.0;
       }
+      // With --tp the weight, cache and workspace figures (and the bytes per step built on them) are
+      // rank 0's share.
+      r["tp"] = rt.tp;
       results.push_back(r);
+      if (!a->json && rt.tp > 1)
+        std::printf("tp %d: the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp);
       if (!a->json)
         std::printf("batch %3d  ttft %9.2f ms  prefill %10.1f tok/s  decode %9.2f tok/s/seq  %10.2f tok/s total  "
                     "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",
