@@ -46,6 +46,7 @@ void add_bench(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
   cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(at_least(1));
   cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")

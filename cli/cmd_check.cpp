@@ -38,6 +38,7 @@ void add_check(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   cmd->add_option("--reference", a->reference, "reference.safetensors (docs/reference-format.md)")->required();
   auto* atol = cmd->add_option("--atol", a->atol,
                                "absolute tolerance per logit (default: f32 1e-4 on the CPU, 1e-3 on the GPU; "

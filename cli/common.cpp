@@ -23,6 +23,9 @@ void ModelArgs::add_to(CLI::App& app) {
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
   add_quantize_options(app, quantize, group_size);
+}
+
+void ModelArgs::add_tp_option(CLI::App& app) {
   app.add_option("--tp", tp, "tensor-parallel ranks: the model split over N ranks (CPU: threads of this process; "
                              "docs/tensor-parallel.md)")
       ->check(at_least(1));

@@ -24,6 +24,9 @@ struct ModelArgs {
   int tp = 1;              // --tp: tensor-parallel ranks (docs/tensor-parallel.md)
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
+  // --tp, on the commands tensor parallelism is tested on (check, generate, bench); the others run
+  // one rank and do not offer it.
+  void add_tp_option(CLI::App& app);
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
   // What the runtime's loader needs (no progress callback).
   LoadSpec load_spec() const;
