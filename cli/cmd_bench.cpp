@@ -46,6 +46,7 @@ void add_bench(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
   cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(at_least(1));
   cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")
@@ -64,6 +65,7 @@ void add_bench(CLI::App& app) {
     const int sources = int(!a->model.model_dir.empty()) + int(!a->model.engine_path.empty()) + int(!a->config.empty());
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
+    a->model.check_tp();
     // Everything a run will ask for is checked before the engine is built, generated or verified.
     LoadSpec ls;
     ls.model_dir = a->model.model_dir;
@@ -92,6 +94,7 @@ void add_bench(CLI::App& app) {
       RuntimeOptions rt;
       rt.max_batch = B;
       rt.capacity = slots;
+      rt.tp = a->model.tp;
       // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
       rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
       runs.push_back(plan.fit(rt));
@@ -223,7 +226,12 @@ void add_bench(CLI::App& app) {
         r["copy_bandwidth_gbs"] = copy_gbs;
         r["bandwidth_pct"] = r["decode_gbs"].get<double>() / copy_gbs * 100.0;
       }
+      // With --tp the weight, cache and workspace figures (and the bytes per step built on them) are
+      // rank 0's share.
+      r["tp"] = rt.tp;
       results.push_back(r);
+      if (!a->json && rt.tp > 1)
+        std::printf("tp %d: the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp);
       if (!a->json)
         std::printf("batch %3d  ttft %9.2f ms  prefill %10.1f tok/s  decode %9.2f tok/s/seq  %10.2f tok/s total  "
                     "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",

@@ -40,6 +40,7 @@ void add_build(CLI::App& app) {
     bool quiet = false, force = false;
     std::string quantize;
     int64_t group_size = 0;
+    int tp = 1;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -60,7 +61,14 @@ void add_build(CLI::App& app) {
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   add_quantize_options(*cmd, a->quantize, a->group_size);
+  cmd->add_option("--tp", a->tp, "tensor-parallel ranks: per-rank engine files are not implemented yet (one engine "
+                                 "file runs at any --tp, split at load)")
+      ->check(at_least(1));
   cmd->callback([a] {
+    if (a->tp != 1)
+      throw Error("build --tp " + std::to_string(a->tp) + ": per-rank engine files are not implemented yet "
+                  "(docs/tensor-parallel.md); build one engine without --tp and run it with `--engine FILE --tp " +
+                  std::to_string(a->tp) + "`, which splits it at load");
     EngineBuildInfo info;
     BuildOptions bo;
     if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);

@@ -38,6 +38,7 @@ void add_check(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   cmd->add_option("--reference", a->reference, "reference.safetensors (docs/reference-format.md)")->required();
   auto* atol = cmd->add_option("--atol", a->atol,
                                "absolute tolerance per logit (default: f32 1e-4 on the CPU, 1e-3 on the GPU; "
@@ -74,6 +75,8 @@ void add_check(CLI::App& app) {
     std::printf("model %s  device %s  weights %s  layout %s  atol %g rtol %g\n", a->model.source_name().c_str(),
                 l.backend->name().c_str(), std::string(dtype_name(wt)).c_str(), layout_name(l.model->state().layout()).c_str(),
                 co.tol.atol, co.tol.rtol);
+    if (l.model->tp_world() > 1)
+      std::printf("tensor parallel: %d ranks (in-process; every rank's logits are bitwise the same)\n", l.model->tp_world());
     std::printf("tolerances: atol %g (%s), rtol %g (%s), mean |dlogit| %s (%s)\n", co.tol.atol, src(atol).c_str(),
                 co.tol.rtol, src(rtol).c_str(), std::isinf(co.tol.mean_atol) ? "unbounded" : fmt_abs(co.tol.mean_atol).c_str(),
                 src(mean_atol).c_str());

@@ -25,6 +25,7 @@ void add_generate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   a->text.max_new = 16;  // before add_to, so --help shows it as the default
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   a->text.add_to(*cmd);
   auto* ids = cmd->add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids");
   cmd->add_option("--prompt", a->prompt, "prompt text (streams text out)")->excludes(ids);

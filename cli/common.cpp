@@ -25,6 +25,18 @@ void ModelArgs::add_to(CLI::App& app) {
   add_quantize_options(app, quantize, group_size);
 }
 
+void ModelArgs::add_tp_option(CLI::App& app) {
+  app.add_option("--tp", tp, "tensor-parallel ranks: the model split over N ranks (CPU: threads of this process; "
+                             "docs/tensor-parallel.md)")
+      ->check(at_least(1));
+}
+
+void ModelArgs::check_tp() const {
+  if (tp != 1 && device == "cuda")
+    throw Error("--tp " + std::to_string(tp) + " --device cuda: tensor parallelism on the GPU is not implemented yet "
+                "(NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
+}
+
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size) {
   app.add_option("--quantize", quantize, "int4: the linear weights as symmetric INT4, round to nearest per group "
                                          "(docs/quantization.md); a checkpoint folder or random weights only");
@@ -43,6 +55,7 @@ std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t gr
 
 LoadSpec ModelArgs::load_spec() const {
   if (model_dir.empty() == engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+  check_tp();
   LoadSpec s;
   s.model_dir = model_dir;
   s.engine_path = engine_path;
@@ -59,6 +72,7 @@ Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given) {
   LoadSpec s = a.load_spec();
   ProgressBar bar("verifying", a.quiet);
   s.progress = bar.fn();
+  rt.tp = a.tp;
   return load(s, rt, layout_given);
 }
 

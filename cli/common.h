@@ -21,11 +21,18 @@ struct ModelArgs {
   bool quiet = false;      // --quiet: no progress bar
   std::string quantize;    // --quantize int4: a checkpoint folder's linear weights as INT4 (round to nearest)
   int64_t group_size = 0;  // --group-size (0: not given; kDefaultInt4Group)
+  int tp = 1;              // --tp: tensor-parallel ranks (docs/tensor-parallel.md)
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
+  // --tp, on the commands tensor parallelism is tested on (check, generate, bench); the others run
+  // one rank and do not offer it.
+  void add_tp_option(CLI::App& app);
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
   // What the runtime's loader needs (no progress callback).
   LoadSpec load_spec() const;
+  // Refuses --tp with --device cuda (not implemented yet) in every build; the rest of --tp is checked
+  // against the model by the loader (LoadPlan::fit).
+  void check_tp() const;
 };
 
 // The run's model through the runtime's loader (runtime/loader.h), with a progress bar over an engine

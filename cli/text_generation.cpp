@@ -50,8 +50,10 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
   // The API tells a folder from a file by looking; --engine names a file, whatever is there.
   if (!a.engine_path.empty() && std::filesystem::is_directory(a.engine_path))
     throw Error(read_error(a.engine_path, EISDIR));
+  a.check_tp();
   api::LoadConfig c;
   c.device = a.device;
+  c.tp = a.tp;
   c.threads = a.threads;
   c.batch_invariant = a.batch_invariant;
   c.verify = !a.no_verify;

@@ -28,6 +28,9 @@ struct LoadConfig {
   // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
   // refuses a value above the capacity it was built for.
   int64_t capacity = 0;
+  // Tensor-parallel ranks: the model split over this many ranks (CPU only for now: threads of this
+  // process; docs/tensor-parallel.md). 1 = not split.
+  int tp = 1;
   // Engine files: called with bytes verified so far and in all (from one thread at a time).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // A file whose text replaces the model's chat template ("" = the model's own). It is read and parsed

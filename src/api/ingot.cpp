@@ -159,6 +159,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   ls.progress = c.progress;
   RuntimeOptions rt;
   rt.capacity = c.capacity;
+  rt.tp = c.tp;
   im->loaded = ingot::load(ls, rt);
   if (!im->tokenizer) {
     if (im->loaded.engine_file) im->tokenizer = tokenizer_from_engine(*im->loaded.engine_file);

@@ -22,6 +22,13 @@ void norm_into_h(ForwardContext& c, const DevWeight& w) {
   c.be.add_rmsnorm(x, c.pending_delta ? &d : nullptr, w.data(), w.m.dtype, float(c.spec.rms_eps), rows(c.h, c.T));
   c.pending_delta = false;
 }
+
+// A block's output after a row-parallel projection: each rank holds its heads' (or its slice of the
+// intermediate's) share of the sum; the one all-reduce of the block makes it whole on every rank.
+void finish_block(ForwardContext& c) {
+  if (c.comm) c.comm->all_reduce_sum(c.delta.data, c.T * c.delta.cols, c.delta.dtype);
+  c.pending_delta = true;
+}
 }  // namespace
 
 WeightTable decoder_weights(const ModelSpec& s) {
@@ -29,7 +36,7 @@ WeightTable decoder_weights(const ModelSpec& s) {
   const WeightInit ones = WeightInit::Ones;
   t.add_model(&ModelWeights::embed, "tok_embeddings", {"model.embed_tokens.weight", {s.vocab, s.hidden}});
   t.add_model(&ModelWeights::final_norm, "final_norm", {"model.norm.weight", {s.hidden}}, ones);
-  if (!s.tie_embeddings) t.add_model(&ModelWeights::lm_head, "lm_head", {"lm_head.weight", {s.vocab, s.hidden}});
+  if (!s.tie_embeddings) t.add_model(&ModelWeights::lm_head, "lm_head", {"lm_head.weight", {s.lm_head_rows(), s.hidden}});
   for (int i = 0; i < s.layers; ++i) {
     const std::string hf = "model.layers." + std::to_string(i) + ".", at = hf + "self_attn.", mlp = hf + "mlp.";
     t.add_layer(i, &LayerWeights::attn_norm, "attn_norm", {{hf + "input_layernorm.weight", {s.hidden}}}, ones);
@@ -131,7 +138,7 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   if (s.attn_gate) c.be.sigmoid_gate(attn, cols(qkv, c.T, s.q_dim() + 2 * s.kv_dim(), s.q_dim()), attn);
 
   c.be.linear(attn, w.wo->m, w.bo ? w.bo->data() : nullptr, rows(c.delta, c.T));
-  c.pending_delta = true;
+  finish_block(c);
 }
 
 void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
@@ -185,7 +192,7 @@ void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer)
   c.be.gated_rmsnorm(np);
 
   c.be.linear(dp.out, w.lin_out->m, nullptr, rows(c.delta, T));
-  c.pending_delta = true;
+  finish_block(c);
 }
 
 void mlp_block(ForwardContext& c, const LayerWeights& w) {
@@ -196,7 +203,7 @@ void mlp_block(ForwardContext& c, const LayerWeights& w) {
     c.be.swiglu(gu, act);
   }
   c.be.linear(act, w.w_down->m, nullptr, rows(c.delta, c.T));
-  c.pending_delta = true;
+  finish_block(c);
 }
 
 void decoder_forward(ForwardContext& c, const Family& family, const ModelWeights& w, const int32_t* ids) {

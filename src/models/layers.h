@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "dist/communicator.h"
 #include "models/config_fields.h"
 #include "models/family.h"
 #include "models/spec.h"
@@ -43,6 +44,10 @@ struct ForwardContext {
   // that the decode rows would otherwise rule out. Each token's attention reads only its own row, so the
   // split changes no result.
   int single_rows = 0;
+  // Set on a rank of a tensor-parallel group (runtime/tp_split.h): the weights are this rank's slice,
+  // and each block's row-parallel output projection leaves a partial sum in delta that one all-reduce
+  // completes. Null: the whole model, no collective.
+  Communicator* comm = nullptr;
 };
 
 // The runtime table of a Llama-style checkpoint, model-level weights first, then each layer's:

@@ -74,7 +74,7 @@ WeightTable weights(const ModelSpec& s) {
   const LinearAttnSpec& l = s.linear;
   t.add_model(&ModelWeights::embed, "tok_embeddings", {p + "embed_tokens.weight", {s.vocab, s.hidden}});
   t.add_model(&ModelWeights::final_norm, "final_norm", {p + "norm.weight", {s.hidden}}, ones, kUnitOffsetNorm);
-  if (!s.tie_embeddings) t.add_model(&ModelWeights::lm_head, "lm_head", {"lm_head.weight", {s.vocab, s.hidden}});
+  if (!s.tie_embeddings) t.add_model(&ModelWeights::lm_head, "lm_head", {"lm_head.weight", {s.lm_head_rows(), s.hidden}});
   for (int i = 0; i < s.layers; ++i) {
     const std::string hf = p + "layers." + std::to_string(i) + ".", mlp = hf + "mlp.";
     t.add_layer(i, &LayerWeights::attn_norm, "attn_norm", {{hf + "input_layernorm.weight", {s.hidden}}}, ones,

@@ -49,6 +49,14 @@ inline constexpr int64_t kMaxLinearKeyDim = 256;
 inline constexpr int64_t kMaxLinearValueDim = 1024;
 inline constexpr int64_t kMaxConvKernel = 8;
 
+// One rank's slice of a tensor-parallel model (runtime/tp_split.h). Set only in the spec a rank's Model
+// runs, whose heads, kv_heads, intermediate and linear heads are then that rank's share; never stored
+// in an engine file.
+struct TpSlice {
+  int world = 1, rank = 0;
+  int64_t vocab_rows = 0;  // LM-head rows per rank: the vocabulary padded up to a multiple of world, / world
+};
+
 struct ModelSpec {
   std::string family;  // model_type, one of the families in models/registry.cpp
   int64_t vocab = 0;
@@ -71,8 +79,11 @@ struct ModelSpec {
   RopeSpec rope;
   std::vector<int64_t> eos_ids;
   std::optional<int64_t> bos_id;
+  TpSlice tp;              // world 1: the whole model
   std::string torch_dtype;  // as declared by the checkpoint ("float32", "bfloat16", ...), may be empty
 
+  // Rows of the LM head this spec's Model holds: the vocabulary, or a tensor-parallel rank's share.
+  int64_t lm_head_rows() const { return tp.world > 1 ? tp.vocab_rows : vocab; }
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
   // Width of the fused q|k|v projection (plus the gates when attn_gate).

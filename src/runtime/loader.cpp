@@ -6,6 +6,7 @@
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
 #include "runtime/memory_plan.h"
+#include "runtime/tp_split.h"
 
 #ifdef INGOT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -98,6 +99,15 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
 }
 
 RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
+  if (rt.tp != 1) {
+    const std::string flag = "--tp " + std::to_string(rt.tp);
+    check_tensor_parallel(model_spec_, rt.tp);
+    if (device_ != "cpu")
+      throw Error(flag + " --device " + device_ + ": tensor parallelism on the GPU is not implemented yet (NCCL and "
+                  "one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
+    if (ls_.int4_group_size || published_ || (file_ && file_->quant))
+      throw Error(flag + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+  }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
   check_host_memory(model_spec_, dtype_, rt, !file_, host_backend_.get());
   return rt;

@@ -42,7 +42,7 @@ struct Sizes {
 
 size_t WorkspacePlan::total() const {
   return 3 * hidden + qkv + attn + gate_up + act + conv + 6 * token_meta + gathered + logits + next_tokens + sample_params +
-         sample_step + sample_seen + sample_counts + logprobs + inv_freq + int4_dequant;
+         sample_step + sample_seen + sample_counts + logprobs + inv_freq + int4_dequant + tp_logits + tp_index;
 }
 
 std::string format_bytes(double bytes) {
@@ -128,11 +128,15 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
       if (int4_quantizable(ws) && ws.shape.size() == 2)
         w.int4_dequant = std::max(w.int4_dequant, be->int4_scratch_bytes(int64_t(z.mul({ws.shape[0], ws.shape[1]})), T, false));
   }
+  if (s.tp.world > 1) {
+    w.tp_logits = z.mul({s.tp.world, L, s.tp.vocab_rows, as});
+    w.tp_index = z.mul({L, int64_t(sizeof(int32_t))});
+  }
   size_t ws = 0;
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
                    w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
                    w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq,
-                   w.int4_dequant})
+                   w.int4_dequant, w.tp_logits, w.tp_index})
     ws = z.add(ws, b);
   p.workspace = ws;
   z.add(z.add(p.weights, p.cache), p.workspace);

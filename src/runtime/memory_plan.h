@@ -20,6 +20,8 @@ struct RuntimeOptions : CacheBounds {
   int64_t max_tokens = 0;     // most tokens one forward may carry; 0 = min(max_batch * capacity, 4096)
   int64_t max_logit_rows = 0; // logits rows computed per LM-head pass; 0 = max(max_batch, 64)
   bool use_graphs = true;     // capture decode steps as graphs where the backend supports it
+  // Ranks of tensor parallelism (runtime/tp_group.h): 1 = one Model over the whole model.
+  int tp = 1;
 };
 
 // The largest memory of one accelerator that ingot could run on: 288 GB (NVIDIA B300 and AMD MI355X
@@ -44,6 +46,9 @@ struct WorkspacePlan {
   // the largest Backend::int4_scratch_bytes over the INT4 weights at max_tokens; held by the backend
   // (Backend::reserve_int4_scratch), not by the Model. 0 otherwise.
   size_t int4_dequant = 0;
+  // A tensor-parallel rank (spec.tp.world > 1): [world, max_logit_rows, vocab_rows] every rank's LM-head
+  // rows gathered, and [max_logit_rows] int32 row indices 0, 1, ... that lay them out into the logits.
+  size_t tp_logits = 0, tp_index = 0;
   size_t total() const;
 };
 

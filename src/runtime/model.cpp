@@ -6,6 +6,7 @@
 #include "backend/logprobs.h"
 #include "core/error.h"
 #include "models/rope.h"
+#include "runtime/tp_group.h"
 
 namespace ingot {
 
@@ -33,11 +34,20 @@ MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions&
 }  // namespace
 
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
-    : engine_(engine),
+    : Model(TpGroup::make(engine, be, options), nullptr, engine, be, options) {}
+
+Model::Model(const Engine& shard, Backend& be, const RuntimeOptions& options, Communicator& comm)
+    : Model(nullptr, &comm, shard, be, options) {}
+
+Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& engine, Backend& be,
+             const RuntimeOptions& options)
+    : group_(std::move(group)),
+      comm_(group_ ? &group_->comm(0) : comm),
+      engine_(group_ ? group_->shard(0) : engine),
       be_(be),
-      spec_(engine.spec),
-      family_(find_family(engine.spec.family)),
-      plan_(checked_plan(engine, be, options)),
+      spec_(engine_.spec),
+      family_(find_family(engine_.spec.family)),
+      plan_(checked_plan(engine_, be, options)),
       state_(be, spec_, plan_.options),
       opt_(plan_.options) {
   const ModelSpec& s = spec_;
@@ -106,6 +116,14 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
   ws(inv_freq_, w.inv_freq);
   be_.upload(inv_freq_.get(), inv.data(), inv.size() * sizeof(float));
   rope_scale_ = rope_attention_scale(s);
+  if (s.tp.world > 1) {
+    ws(tp_logits_, w.tp_logits);
+    ws(tp_index_, w.tp_index);
+    std::vector<int32_t> iota(size_t(opt_.max_logit_rows));
+    for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
+    be_.upload(tp_index_.get(), iota.data(), iota.size() * sizeof(int32_t));
+  }
+  if (group_) group_->start_peers(options);
 }
 
 Model::~Model() = default;
@@ -184,6 +202,7 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows, int single_rows) {
   c.max_kv_len = max_kv_len;
   c.rows = rows;
   c.single_rows = single_rows;
+  c.comm = comm_;
   decoder_forward(c, family_, weights_, ids_.as<int32_t>());
 }
 
@@ -201,8 +220,19 @@ void Model::upload_meta(const Prepared& p) {
   up(out_idx_, p.out_idx);
 }
 
+void Model::on_ranks(const std::function<void(Model& m, int rank)>& fn) {
+  if (!group_) return fn(*this, 0);
+  group_->run([&](int r) { fn(r == 0 ? *this : group_->peer(r), r); });
+}
+
 void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws,
                          std::span<const int32_t> generated) {
+  if (!group_) return set_sampling_local(row, p, history, draws, generated);
+  on_ranks([&](Model& m, int) { m.set_sampling_local(row, p, history, draws, generated); });
+}
+
+void Model::set_sampling_local(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws,
+                               std::span<const int32_t> generated) {
   if (row < 0 || row >= state_.max_batch())
     throw Error("set_sampling: cache row " + std::to_string(row) + " is outside [0, " + std::to_string(state_.max_batch()) + ")");
   p.validate();
@@ -267,6 +297,25 @@ Model::StepLogprobs Model::decode_logprobs(int top_n) {
   return out;
 }
 
+void Model::head(const Mat& g, int64_t n) {
+  const DType adt = be_.activation_dtype();
+  const Mat logits = mat(logits_.get(), adt, n, spec_.vocab);
+  if (!comm_) return lm_head(be_, weights_, g, logits);
+  // This rank's vocabulary rows into its place among every rank's, gathered in place; then each
+  // rank's block of columns copied beside the others' (the last block is cut at the vocabulary).
+  const int64_t rows = spec_.tp.vocab_rows, world = spec_.tp.world;
+  const size_t es = dtype_size(adt), part = size_t(n * rows) * es;
+  auto* all = static_cast<uint8_t*>(tp_logits_.get());  // [world, n, rows] for this call
+  lm_head(be_, weights_, g, mat(all + size_t(spec_.tp.rank) * part, adt, n, rows));
+  comm_->all_gather(all + size_t(spec_.tp.rank) * part, all, part);
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t cols = std::min(rows, spec_.vocab - r * rows);
+    if (cols <= 0) break;
+    be_.gather_rows(Mat{all + size_t(r) * part, adt, n, cols, rows}, tp_index_.as<int32_t>(),
+                    Mat{static_cast<uint8_t*>(logits_.get()) + size_t(r * rows) * es, adt, n, cols, spec_.vocab});
+  }
+}
+
 void Model::pick(int64_t n, const int32_t* rows, bool sampled) {
   Mat lg = mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab);
   if (!sampled) {
@@ -292,7 +341,7 @@ void Model::decode_body(int64_t n, bool sampled) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
   run_decoder(n, int(state_.capacity()), int(n));
-  lm_head(be_, weights_, mat(h_.get(), adt, n, spec_.hidden), mat(logits_.get(), adt, n, spec_.vocab));
+  head(mat(h_.get(), adt, n, spec_.hidden), n);
   pick(n, row_.as<int32_t>(), sampled);  // one token per row: the token's cache row is the state row
 }
 
@@ -329,6 +378,16 @@ void Model::launch_readback(int64_t n) {
 }
 
 std::vector<int32_t> Model::finish_launch() {
+  if (!group_) return finish_launch_local();
+  std::vector<int32_t> picks;
+  on_ranks([&](Model& m, int r) {
+    std::vector<int32_t> mine = m.finish_launch_local();
+    if (r == 0) picks = std::move(mine);
+  });
+  return picks;
+}
+
+std::vector<int32_t> Model::finish_launch_local() {
   if (launched_.empty()) throw Error("finish_launch: no launched step");
   auto [rb, n] = launched_.front();
   launched_.pop_front();
@@ -337,6 +396,11 @@ std::vector<int32_t> Model::finish_launch() {
 }
 
 void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed) {
+  if (!group_) return launch_forward_local(batch, feed);
+  on_ranks([&](Model& m, int) { m.launch_forward_local(batch, feed); });
+}
+
+void Model::launch_forward_local(const Batch& batch, const std::vector<int32_t>& feed) {
   for (size_t r = 0; r < batch.rows.size(); ++r)
     if (batch.rows[r].all_logits)
       throw Error("launch_forward: row " + std::to_string(r) + " asks for every token's logits; a pick takes only the last");
@@ -353,7 +417,7 @@ void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed)
     const DType adt = be_.activation_dtype();
     Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
     be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
-    lm_head(be_, weights_, g, mat(logits_.get(), adt, n, spec_.vocab));
+    head(g, n);
     const std::vector<int> rows(p.out_row.begin(), p.out_row.end());
     pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, any_sampled(rows));
   }
@@ -369,6 +433,12 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
 
 void Model::launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                           const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed) {
+  if (!group_) return launch_decode_local(rows, tokens, write_index, feed);
+  on_ranks([&](Model& m, int) { m.launch_decode_local(rows, tokens, write_index, feed); });
+}
+
+void Model::launch_decode_local(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                                const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed) {
   const int64_t n = int64_t(tokens.size());
   if (n < 1 || int64_t(write_index.size()) != n || int64_t(rows.size()) != n)
     throw Error("decode: need one cache row and one write index per token, and at least one row");
@@ -402,6 +472,22 @@ void Model::launch_decode(const std::vector<int>& rows, const std::vector<int32_
 }
 
 HostTensor Model::forward(const Batch& batch) {
+  if (!group_) return forward_local(batch);
+  HostTensor out;
+  on_ranks([&](Model& m, int r) {
+    HostTensor mine = m.forward_local(batch);
+    if (r == 0) out = std::move(mine);
+  });
+  return out;
+}
+
+std::vector<HostTensor> Model::forward_ranks(const Batch& batch) {
+  std::vector<HostTensor> out(size_t(spec_.tp.world));
+  on_ranks([&](Model& m, int r) { out[size_t(r)] = m.forward_local(batch); });
+  return out;
+}
+
+HostTensor Model::forward_local(const Batch& batch) {
   Prepared p = prepare(batch);
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
   const int64_t T = int64_t(p.ids.size());
@@ -419,7 +505,7 @@ HostTensor Model::forward(const Batch& batch) {
     Mat g = mat(gathered_.get(), adt, n, s.hidden);
     be_.gather_rows(mat(h_.get(), adt, T, s.hidden), out_idx_.as<int32_t>() + at, g);
     Mat lg = mat(logits_.get(), adt, n, s.vocab);
-    lm_head(be_, weights_, g, lg);
+    head(g, n);
     if (be_.host_memory()) {
       be_.to_f32(lg, out.as<float>() + at * s.vocab);
     } else {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "io/engine.h"
 #include "models/family.h"
 #include "models/layers.h"
@@ -38,11 +40,17 @@ struct Batch {
   std::vector<BatchRow> rows;
 };
 
+class TpGroup;
+
 class Model {
  public:
   // The engine must outlive the model (backends that share host memory use its weights in place).
   // Buffers are sized by plan_memory(options); the plan is checked against the backend's free memory
   // before anything is allocated (Error with both figures when it does not fit).
+  // options.tp > 1: the model is split over that many ranks (runtime/tp_split.h), this Model being rank
+  // 0 on `backend` and owning the others (runtime/tp_group.h: threads of this process, a CPU backend
+  // each). Every call below then runs on every rank, and returns rank 0's result, which every rank
+  // shares bit for bit; each rank's memory plan and cache cover its own heads.
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
   ~Model();
 
@@ -50,6 +58,9 @@ class Model {
   // order, each row's tokens in order (all, or only its last). Throws Error before any compute when a
   // row is malformed or does not fit (capacity, batch, workspace).
   HostTensor forward(const Batch& batch);
+  // forward() with every rank's logits, in rank order (one entry without tensor parallelism): what
+  // the tests hold bitwise equal across ranks.
+  std::vector<HostTensor> forward_ranks(const Batch& batch);
 
   // The fixed-shape decode step: n distinct cache rows each take one token (tokens[i]) at slot
   // write_index[i]; returns each row's next token, picked on the device by the row's sampling state
@@ -112,8 +123,29 @@ class Model {
   size_t weight_bytes() const { return weight_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
   const MemoryPlan& plan() const { return plan_; }
+  int tp_world() const { return spec_.tp.world; }
 
  private:
+  friend class TpGroup;
+  // The constructor behind both: `group` (null without tensor parallelism) is made before anything
+  // else, since this rank's engine is its slice; `comm` is a peer rank's communicator.
+  Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& engine, Backend& backend,
+        const RuntimeOptions& options);
+  // A peer rank of a group (TpGroup::start_peers): over its slice, talking through `comm`.
+  Model(const Engine& shard, Backend& backend, const RuntimeOptions& options, Communicator& comm);
+  // fn on every rank (this Model being rank 0), or on this one alone without a group.
+  void on_ranks(const std::function<void(Model& m, int rank)>& fn);
+  // The calls above on this rank alone.
+  HostTensor forward_local(const Batch& batch);
+  void launch_decode_local(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
+                           const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed);
+  void launch_forward_local(const Batch& batch, const std::vector<int32_t>& feed);
+  std::vector<int32_t> finish_launch_local();
+  void set_sampling_local(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws,
+                          std::span<const int32_t> generated);
+  // logits_ [n, vocab] = the LM head of g [n, hidden]: on a tensor-parallel rank its vocabulary rows,
+  // then every rank's gathered and laid out side by side (the padding past the vocabulary dropped).
+  void head(const Mat& g, int64_t n);
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
   // ids_ [T] -> h_ [T, hidden]; single_rows: leading rows of one token each (ForwardContext)
@@ -129,7 +161,9 @@ class Model {
   void pick(int64_t n, const int32_t* rows, bool sampled);
   bool any_sampled(const std::vector<int>& rows) const;
 
-  const Engine& engine_;
+  std::unique_ptr<TpGroup> group_;  // rank 0 of a tensor-parallel group: the other ranks (first: made first, gone last)
+  Communicator* comm_ = nullptr;     // set on every rank of a group
+  const Engine& engine_;             // the whole engine, or this rank's slice
   Backend& be_;
   ModelSpec spec_;
   const Family& family_;
@@ -148,6 +182,8 @@ class Model {
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32
+  Buffer tp_logits_;  // tensor parallel: [world, max_logit_rows, vocab_rows] every rank's LM-head rows
+  Buffer tp_index_;   // tensor parallel: [max_logit_rows] int32 0, 1, 2, ...
   // [3, max_batch] int32: a step's picks; (launch_forward) their cache rows; (launch_*) the feed
   Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.

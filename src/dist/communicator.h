@@ -1,0 +1,33 @@
+// Communicator: the collectives tensor parallelism needs, over buffers in one rank's backend memory.
+// Every rank of a group calls the same collectives in the same order with the same sizes; a call
+// returns on a rank once its own result is in place. Implementations: in_process.h (threads of one
+// process, one CPU backend each, for CI); NCCL (one process per GPU, collectives captured in the
+// decode graph) is the next part of issue 15 (docs/tensor-parallel.md).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ingot {
+
+// Sizes a group may have: far above the 8 GPUs of one host, small enough that a mistyped --tp (1000)
+// is refused before any thread or shard is made.
+inline constexpr int kMaxTensorParallel = 64;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // buf [count] of `dtype` (f32, f16 or bf16) on every rank becomes the sum over ranks, added in rank
+  // order (rank 0 + rank 1 + ... , accumulated in f32 and rounded once for 16-bit types), so every rank
+  // holds bitwise the same result, which depends neither on timing nor on what else the buffer holds.
+  virtual void all_reduce_sum(void* buf, int64_t count, DType dtype) = 0;
+  // recv [world, bytes]: rank r's `send` lands at recv + r * bytes on every rank. `send` may be
+  // recv + rank * bytes (in place), as NCCL allows.
+  virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace ingot

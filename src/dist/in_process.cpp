@@ -1,0 +1,109 @@
+#include "dist/in_process.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ingot {
+
+class InProcessGroup::Rank final : public Communicator {
+ public:
+  Rank(InProcessGroup& g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return g_.world_; }
+
+  void all_reduce_sum(void* buf, int64_t count, DType dtype) override {
+    if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
+      throw Error("all_reduce_sum: " + std::string(dtype_name(dtype)) + " buffers are not supported");
+    publish(buf);
+    // Every rank sums all contributions itself, in rank order, into its own scratch: the others'
+    // buffers are only read until the second barrier, after which each rank overwrites its own.
+    sum_.assign(size_t(count), 0.0f);
+    std::vector<float> part(dtype == DType::F32 ? 0 : size_t(count));
+    for (int r = 0; r < g_.world_; ++r) {
+      const float* src = static_cast<const float*>(g_.published_[size_t(r)]);
+      if (dtype != DType::F32) {
+        convert_to_f32(dtype, g_.published_[size_t(r)], part.data(), part.size());
+        src = part.data();
+      }
+      if (r == 0) std::memcpy(sum_.data(), src, size_t(count) * sizeof(float));
+      else
+        for (int64_t i = 0; i < count; ++i) sum_[size_t(i)] += src[i];
+    }
+    g_.arrive_and_wait();
+    convert_from_f32(dtype, sum_.data(), buf, size_t(count));
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    publish(send);
+    auto* out = static_cast<uint8_t*>(recv);
+    for (int r = 0; r < g_.world_; ++r) {
+      const void* src = g_.published_[size_t(r)];
+      if (src != out + size_t(r) * bytes) std::memcpy(out + size_t(r) * bytes, src, bytes);
+    }
+    g_.arrive_and_wait();  // the others' send buffers were read; they may change them now
+  }
+
+  void barrier() override { g_.arrive_and_wait(); }
+
+ private:
+  // Makes `p` this rank's entry of the table and waits until every rank has published its own.
+  void publish(const void* p) {
+    {
+      std::lock_guard<std::mutex> lock(g_.mu_);
+      g_.published_[size_t(rank_)] = p;
+    }
+    g_.arrive_and_wait();
+  }
+  InProcessGroup& g_;
+  int rank_;
+  std::vector<float> sum_;  // [count] this rank's copy of the sum
+};
+
+InProcessGroup::InProcessGroup(int world) : world_(world) {
+  if (world < 1 || world > kMaxTensorParallel)
+    throw Error("tensor parallel: a group of " + std::to_string(world) + " ranks is outside [1, " +
+                std::to_string(kMaxTensorParallel) + "]");
+  published_.assign(size_t(world), nullptr);
+  for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
+}
+
+InProcessGroup::~InProcessGroup() = default;
+
+Communicator& InProcessGroup::comm(int rank) {
+  if (rank < 0 || rank >= world_)
+    throw Error("tensor parallel: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_) + ")");
+  return *ranks_[size_t(rank)];
+}
+
+void InProcessGroup::arrive_and_wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) throw GroupStopped(abort_reason_);
+  const uint64_t gen = generation_;
+  if (++arrived_ == world_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+  if (generation_ == gen) throw GroupStopped(abort_reason_);
+}
+
+void InProcessGroup::abort(int rank, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  abort_reason_ = "tensor parallel: rank " + std::to_string(rank) + " failed, so the group stopped: " + why;
+  cv_.notify_all();
+}
+
+void InProcessGroup::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = false;
+  abort_reason_.clear();
+  arrived_ = 0;
+  std::fill(published_.begin(), published_.end(), nullptr);
+}
+
+}  // namespace ingot

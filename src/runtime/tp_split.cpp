@@ -1,0 +1,198 @@
+#include "runtime/tp_split.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "models/family.h"
+
+namespace ingot {
+
+namespace {
+
+// A run of rows (or columns) of a source tensor; rows past the source's end are zeros (padding).
+struct Span {
+  int64_t first = 0, count = 0;
+};
+
+HostTensor take_rows(const HostTensor& t, const std::vector<Span>& spans) {
+  const int64_t rows = t.shape()[0];
+  const size_t row_bytes = t.nbytes() / size_t(rows);
+  Shape shape = t.shape();
+  shape[0] = 0;
+  for (const Span& s : spans) shape[0] += s.count;
+  HostTensor out(t.dtype(), shape);  // zero-filled: the padding stays zero
+  auto* dst = static_cast<uint8_t*>(out.data());
+  const auto* src = static_cast<const uint8_t*>(t.data());
+  for (const Span& s : spans) {
+    const int64_t real = std::max<int64_t>(0, std::min(s.count, rows - s.first));
+    if (real > 0) std::memcpy(dst, src + size_t(s.first) * row_bytes, size_t(real) * row_bytes);
+    dst += size_t(s.count) * row_bytes;
+  }
+  return out;
+}
+
+// Columns [s.first, s.first + s.count) of a [rows, cols] tensor.
+HostTensor take_cols(const HostTensor& t, Span s) {
+  const int64_t rows = t.shape()[0], cols = t.shape()[1];
+  const size_t es = dtype_size(t.dtype());
+  HostTensor out(t.dtype(), {rows, s.count});
+  auto* dst = static_cast<uint8_t*>(out.data());
+  const auto* src = static_cast<const uint8_t*>(t.data());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + size_t(r * s.count) * es, src + size_t(r * cols + s.first) * es, size_t(s.count) * es);
+  return out;
+}
+
+// The same bytes, borrowed: the engine outlives its slices (Model's contract).
+HostTensor borrow(const HostTensor& t) {
+  return HostTensor::borrow(t.dtype(), t.shape(), t.data(), std::shared_ptr<const void>(t.data(), [](const void*) {}));
+}
+
+std::string tp_where(const std::string& flag, int world) { return flag + " " + std::to_string(world) + ": "; }
+
+// Heads `heads` reading `kv_heads` shared heads (groups of heads/kv_heads), split over `world` ranks.
+void check_groups(const std::string& where, int64_t heads, const char* heads_field, int64_t kv_heads,
+                  const char* kv_field, int world) {
+  if (heads % world != 0)
+    throw Error(where + "the model's " + std::to_string(heads) + " " + heads_field + " do not split evenly over " +
+                std::to_string(world) + " ranks");
+  const int64_t per_rank = heads / world, group = heads / kv_heads;
+  if (per_rank % group != 0 && group % per_rank != 0)
+    throw Error(where + std::to_string(per_rank) + " of the " + std::to_string(heads) + " " + heads_field +
+                " per rank would not make whole groups of the " + std::to_string(group) + " that share each of the " +
+                std::to_string(kv_heads) + " " + kv_field + " (a rank must own whole groups, or a part of one group)");
+}
+
+}  // namespace
+
+RankHeads rank_heads(int64_t heads, int64_t kv_heads, int world, int rank) {
+  const int64_t per_rank = heads / world, group = heads / kv_heads;
+  RankHeads h;
+  h.q = {rank * per_rank, per_rank};
+  h.kv.first = h.q.first / group;
+  h.kv.count = (h.q.first + per_rank - 1) / group + 1 - h.kv.first;
+  return h;
+}
+
+void check_tensor_parallel(const ModelSpec& s, int world, const std::string& flag) {
+  const std::string where = tp_where(flag, world);
+  if (world < 1 || world > kMaxTensorParallel)
+    throw Error(where + "the number of tensor-parallel ranks must lie in [1, " + std::to_string(kMaxTensorParallel) + "]");
+  if (world == 1) return;
+  if (s.tp.world > 1) throw Error(where + "the model is already one rank's slice");
+  check_groups(where, s.heads, "attention heads (num_attention_heads)", s.kv_heads, "KV heads (num_key_value_heads)",
+               world);
+  if (s.intermediate % world != 0)
+    throw Error(where + "the model's intermediate_size " + std::to_string(s.intermediate) +
+                " does not split evenly over " + std::to_string(world) + " ranks");
+  if (s.has_linear_layers())
+    check_groups(where, s.linear.v_heads, "linear-attention value heads (linear_num_value_heads)", s.linear.k_heads,
+                 "key heads (linear_num_key_heads)", world);
+}
+
+ModelSpec rank_spec(const ModelSpec& spec, int world, int rank) {
+  check_tensor_parallel(spec, world);
+  ModelSpec s = spec;
+  if (world == 1) return s;
+  const RankHeads a = rank_heads(spec.heads, spec.kv_heads, world, rank);
+  s.heads = a.q.count;
+  s.kv_heads = a.kv.count;
+  s.intermediate = spec.intermediate / world;
+  if (spec.has_linear_layers()) {
+    const RankHeads l = rank_heads(spec.linear.v_heads, spec.linear.k_heads, world, rank);
+    s.linear.v_heads = l.q.count;
+    s.linear.k_heads = l.kv.count;
+  }
+  s.tie_embeddings = false;  // each rank holds its own rows of the LM head
+  s.tp = {world, rank, (spec.vocab + world - 1) / world};
+  return s;
+}
+
+Engine shard_engine(const Engine& engine, int world, int rank) {
+  if (engine.quant)
+    throw Error("--tp " + std::to_string(world) + ": INT4 engines cannot be split over ranks yet (docs/tensor-parallel.md)");
+  const ModelSpec& f = engine.spec;
+  Engine out;
+  out.spec = rank_spec(f, world, rank);
+  out.weight_dtype = engine.weight_dtype;
+  out.provenance = engine.provenance;
+  if (world == 1) {
+    for (const auto& [name, t] : engine.weights) out.weights.emplace(name, borrow(t));
+    return out;
+  }
+  const ModelSpec& s = out.spec;
+  const int64_t D = f.head_dim, Q = f.q_dim(), KV = f.kv_dim(), I = f.intermediate;
+  const RankHeads a = rank_heads(f.heads, f.kv_heads, world, rank);
+  const Span q{a.q.first * D, a.q.count * D}, kv{a.kv.first * D, a.kv.count * D};
+  const Span inter{rank * s.intermediate, s.intermediate};
+  const LinearAttnSpec& la = f.linear;
+  RankHeads l{};
+  if (f.has_linear_layers()) l = rank_heads(la.v_heads, la.k_heads, world, rank);
+  const int64_t LK = la.key_width(), LV = la.value_width(), LC = la.conv_channels(), LH = la.v_heads;
+  const Span lk{l.kv.first * la.k_dim, l.kv.count * la.k_dim}, lv{l.q.first * la.v_dim, l.q.count * la.v_dim};
+  const std::vector<Span> lin_qkv = {lk, {LK + lk.first, lk.count}, {2 * LK + lv.first, lv.count}};
+
+  const WeightTable table = find_family(f.family).weights(f);
+  for (const WeightSpec& w : table.entries()) {
+    const HostTensor& t = engine.get(w.name);
+    HostTensor part;
+    if (w.model_field == &ModelWeights::lm_head) {
+      part = take_rows(t, {{rank * s.tp.vocab_rows, s.tp.vocab_rows}});
+    } else if (w.model_field) {  // the embedding and the final norm
+      part = borrow(t);
+    } else {
+      const auto field = w.layer_field;
+      if (field == &LayerWeights::attn_norm || field == &LayerWeights::mlp_norm || field == &LayerWeights::q_norm ||
+          field == &LayerWeights::k_norm || field == &LayerWeights::lin_norm) {
+        part = borrow(t);  // per hidden unit or per head dim: the same on every rank
+      } else if (field == &LayerWeights::wqkv || field == &LayerWeights::bqkv) {
+        // [q | k | v (| gate)] rows: this rank's query heads, the KV heads they read, their gates.
+        std::vector<Span> spans = {q, {Q + kv.first, kv.count}, {Q + KV + kv.first, kv.count}};
+        if (f.attn_gate) spans.push_back({Q + 2 * KV + q.first, q.count});
+        part = take_rows(t, spans);
+      } else if (field == &LayerWeights::wo) {
+        part = take_cols(t, q);
+      } else if (field == &LayerWeights::bo) {
+        part = rank == 0 ? borrow(t) : HostTensor(t.dtype(), t.shape());
+      } else if (field == &LayerWeights::w_gate_up) {
+        part = take_rows(t, {inter, {I + inter.first, inter.count}});
+      } else if (field == &LayerWeights::w_down) {
+        part = take_cols(t, inter);
+      } else if (field == &LayerWeights::lin_in) {
+        // [q | k | v | z | b | a] rows: this rank's value heads, the key heads they read.
+        std::vector<Span> spans = lin_qkv;
+        spans.push_back({LC + lv.first, lv.count});
+        spans.push_back({LC + LV + l.q.first, l.q.count});
+        spans.push_back({LC + LV + LH + l.q.first, l.q.count});
+        part = take_rows(t, spans);
+      } else if (field == &LayerWeights::lin_conv) {
+        part = take_rows(t, lin_qkv);  // one conv filter per channel of q | k | v
+      } else if (field == &LayerWeights::lin_a_log || field == &LayerWeights::lin_dt_bias) {
+        part = take_rows(t, {{l.q.first, l.q.count}});
+      } else if (field == &LayerWeights::lin_out) {
+        part = take_cols(t, lv);
+      } else {
+        throw Error("tensor parallel: no split rule for weight '" + w.name + "'");
+      }
+    }
+    out.weights.emplace(w.name, std::move(part));
+  }
+  // Tied embeddings: the embedding stays whole, and each rank's LM head is its rows of it.
+  if (f.tie_embeddings) out.weights.emplace("lm_head", take_rows(engine.get("tok_embeddings"), {{rank * s.tp.vocab_rows, s.tp.vocab_rows}}));
+
+  // The slice must be what the rank spec's table says, weight for weight.
+  const WeightTable rank_table = find_family(s.family).weights(s);
+  if (rank_table.entries().size() != out.weights.size())
+    throw Error("tensor parallel: rank " + std::to_string(rank) + "'s slice holds " + std::to_string(out.weights.size()) +
+                " weights; its table lists " + std::to_string(rank_table.entries().size()));
+  for (const WeightSpec& w : rank_table.entries()) {
+    const HostTensor* t = out.find(w.name);
+    if (!t || t->shape() != w.shape)
+      throw Error("tensor parallel: rank " + std::to_string(rank) + "'s slice of '" + w.name + "' has shape " +
+                  (t ? shape_str(t->shape()) : std::string("(missing)")) + "; its table says " + shape_str(w.shape));
+  }
+  return out;
+}
+
+}  // namespace ingot

@@ -1,0 +1,340 @@
+// Tensor parallelism over the CPU backend (docs/tensor-parallel.md): the in-process communicator's
+// collectives, the split rules, and every fixture family at TP=2 and TP=4 against TP=1: logits within
+// allclose(1e-4, 1e-4), greedy tokens identical, every rank's logits bitwise equal, and the
+// transformers reference check passing through the split model; fixtures with fewer KV (or linear key)
+// heads than ranks replicate them. `ingot check --tp 2 --device cpu` runs through the command line.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/backend.h"
+#include "dist/in_process.h"
+#include "dist/rank_threads.h"
+#include "io/engine.h"
+#include "io/model_config.h"
+#include "runtime/generator.h"
+#include "runtime/reference_check.h"
+#include "runtime/tp_split.h"
+#include "test_helpers.h"
+
+namespace ingot {
+namespace {
+
+// --- the communicator ---
+
+TEST(InProcessGroup, AllReduceSumsInRankOrderOnEveryRank) {
+  const int world = 3;
+  const int64_t n = 1000;
+  InProcessGroup g(world);
+  RankThreads threads(g);
+  // Values whose f32 sum depends on the order of the additions.
+  std::vector<std::vector<float>> bufs(world, std::vector<float>(n));
+  for (int r = 0; r < world; ++r)
+    for (int64_t i = 0; i < n; ++i) bufs[size_t(r)][size_t(i)] = (r == 1 ? -1.0f : 1.0f) * (1e8f + float(i)) + 0.37f * float(r + i % 7);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = (bufs[0][size_t(i)] + bufs[1][size_t(i)]) + bufs[2][size_t(i)];
+  threads.run([&](int r) { g.comm(r).all_reduce_sum(bufs[size_t(r)].data(), n, DType::F32); });
+  for (int r = 0; r < world; ++r)
+    EXPECT_EQ(std::memcmp(bufs[size_t(r)].data(), want.data(), n * sizeof(float)), 0) << "rank " << r;
+}
+
+TEST(InProcessGroup, AllReduceBf16RoundsOnce) {
+  const int world = 4;
+  InProcessGroup g(world);
+  RankThreads threads(g);
+  std::vector<std::vector<uint16_t>> bufs(world, std::vector<uint16_t>(8));
+  for (int r = 0; r < world; ++r)
+    for (int i = 0; i < 8; ++i) bufs[size_t(r)][size_t(i)] = f32_to_bf16(1.0f + 0.01f * float(r * 8 + i));
+  std::vector<uint16_t> want(8);
+  for (int i = 0; i < 8; ++i) {
+    float s = 0;
+    for (int r = 0; r < world; ++r) s += bf16_to_f32(bufs[size_t(r)][size_t(i)]);
+    want[size_t(i)] = f32_to_bf16(s);
+  }
+  threads.run([&](int r) { g.comm(r).all_reduce_sum(bufs[size_t(r)].data(), 8, DType::BF16); });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(bufs[size_t(r)], want) << "rank " << r;
+}
+
+TEST(InProcessGroup, AllGatherInPlaceAndFromSeparateBuffers) {
+  const int world = 4;
+  InProcessGroup g(world);
+  RankThreads threads(g);
+  std::vector<std::vector<int32_t>> recv(world, std::vector<int32_t>(world * 3, -1));
+  threads.run([&](int r) {
+    int32_t* mine = recv[size_t(r)].data() + r * 3;
+    for (int i = 0; i < 3; ++i) mine[i] = r * 10 + i;
+    if (r % 2 == 0) {
+      g.comm(r).all_gather(mine, recv[size_t(r)].data(), 3 * sizeof(int32_t));  // in place
+    } else {
+      const std::vector<int32_t> send(mine, mine + 3);
+      g.comm(r).all_gather(send.data(), recv[size_t(r)].data(), 3 * sizeof(int32_t));
+    }
+  });
+  std::vector<int32_t> want;
+  for (int r = 0; r < world; ++r)
+    for (int i = 0; i < 3; ++i) want.push_back(r * 10 + i);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(recv[size_t(r)], want) << "rank " << r;
+}
+
+TEST(InProcessGroup, AFailingRankStopsTheOthersWithItsError) {
+  InProcessGroup g(3);
+  RankThreads threads(g);
+  std::atomic<int> stopped{0};
+  test::expect_error(
+      [&] {
+        threads.run([&](int r) {
+          if (r == 2) throw Error("rank two's own failure");
+          try {
+            g.comm(r).barrier();  // would wait forever for rank 2
+          } catch (const GroupStopped& e) {
+            EXPECT_NE(std::string(e.what()).find("rank 2 failed"), std::string::npos) << e.what();
+            ++stopped;
+            throw;
+          }
+        });
+      },
+      {"rank two's own failure"});
+  EXPECT_EQ(stopped.load(), 2);
+  // The group is usable again.
+  std::vector<float> v(3, 1.0f);
+  threads.run([&](int r) { g.comm(r).all_reduce_sum(&v[size_t(r)], 1, DType::F32); });
+  EXPECT_EQ(v, std::vector<float>(3, 3.0f));
+}
+
+TEST(InProcessGroup, RefusesGroupSizesOutsideTheLimit) {
+  test::expect_error([] { InProcessGroup g(0); }, {"0 ranks", "[1, 64]"});
+  test::expect_error([] { InProcessGroup g(65); }, {"65 ranks", "[1, 64]"});
+}
+
+// --- the split ---
+
+TEST(TensorParallelSplit, RanksOwnWholeGroupsOrReplicateAKvHead) {
+  // 8 query heads over 4 KV heads, 2 ranks: 4 query heads and their 2 KV heads each.
+  RankHeads h = rank_heads(8, 4, 2, 1);
+  EXPECT_EQ(h.q.first, 4);
+  EXPECT_EQ(h.q.count, 4);
+  EXPECT_EQ(h.kv.first, 2);
+  EXPECT_EQ(h.kv.count, 2);
+  // 4 query heads over 2 KV heads, 4 ranks: KV head 0 on ranks 0 and 1, KV head 1 on ranks 2 and 3.
+  for (int r = 0; r < 4; ++r) {
+    h = rank_heads(4, 2, 4, r);
+    EXPECT_EQ(h.q.first, r);
+    EXPECT_EQ(h.q.count, 1);
+    EXPECT_EQ(h.kv.first, r / 2);
+    EXPECT_EQ(h.kv.count, 1);
+  }
+}
+
+ModelSpec dense_spec(int64_t heads, int64_t kv_heads, int64_t intermediate) {
+  ModelSpec s = load_model_spec(test::fixture("llama3"));
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.intermediate = intermediate;
+  return s;
+}
+
+TEST(TensorParallelSplit, RefusesWhatDoesNotSplitNamingTheFlagAndField) {
+  test::expect_error([] { check_tensor_parallel(dense_spec(4, 2, 128), 0); }, {"--tp 0", "[1, 64]"});
+  test::expect_error([] { check_tensor_parallel(dense_spec(4, 2, 128), 65); }, {"--tp 65", "[1, 64]"});
+  test::expect_error([] { check_tensor_parallel(dense_spec(4, 2, 128), 3); },
+                     {"--tp 3", "4 attention heads (num_attention_heads)", "3 ranks"});
+  test::expect_error([] { check_tensor_parallel(dense_spec(12, 3, 128), 2); },
+                     {"--tp 2", "6 of the 12", "whole groups", "num_key_value_heads"});
+  test::expect_error([] { check_tensor_parallel(dense_spec(4, 2, 130), 4); }, {"--tp 4", "intermediate_size 130"});
+  ModelSpec q35 = load_model_spec(test::fixture("qwen3_5_pattern"));  // 2 value heads
+  test::expect_error([&] { check_tensor_parallel(q35, 4); }, {"--tp 4", "linear_num_value_heads"});
+  check_tensor_parallel(dense_spec(4, 2, 128), 1);
+  check_tensor_parallel(dense_spec(4, 2, 128), 4);
+}
+
+TEST(TensorParallelSplit, RefusesInt4Engines) {
+  Engine e = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 1);
+  quantize_engine_int4(e, 32);
+  test::expect_error([&] { shard_engine(e, 2, 0); }, {"--tp 2", "INT4"});
+}
+
+// --- whole models against TP=1 ---
+
+// Logits of every token of the reference rows (prefill), each row in its own cache row.
+Batch prefill_batch(const Reference& ref) {
+  Batch b;
+  for (int64_t r = 0; r < ref.rows(); ++r) {
+    BatchRow row;
+    row.row = int(r);
+    const int64_t* ids = ref.input_ids.as<int64_t>() + r * ref.seq();
+    for (int64_t i = 0; i < ref.seq(); ++i) row.tokens.push_back(int32_t(ids[i]));
+    row.all_logits = true;
+    b.rows.push_back(std::move(row));
+  }
+  return b;
+}
+
+void expect_close(const HostTensor& want, const HostTensor& got, const std::string& what) {
+  ASSERT_EQ(want.shape(), got.shape()) << what;
+  const float* a = want.as<float>();
+  const float* b = got.as<float>();
+  double worst = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    worst = std::max(worst, d);
+    bad += !(d <= 1e-4 + 1e-4 * std::fabs(double(a[i])));
+  }
+  EXPECT_EQ(bad, 0) << what << ": max |dlogit| " << worst;
+}
+
+std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n) {
+  Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = n;
+  return Generator(m).generate(std::move(r)).ids;
+}
+
+// Two rows decoded step by step through Model::decode after a batched prefill.
+std::vector<int32_t> decode_steps(Model& m, const Reference& ref, int steps) {
+  Batch b;
+  std::vector<int> rows;
+  std::vector<int32_t> tok;
+  std::vector<int64_t> at;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t len = 3 + 4 * r;
+    BatchRow row;
+    row.row = r;
+    for (int64_t i = 0; i < len; ++i) row.tokens.push_back(int32_t(ref.input_ids.as<int64_t>()[r * ref.seq() + i]));
+    b.rows.push_back(row);
+    rows.push_back(r);
+    at.push_back(len);
+  }
+  HostTensor lg = m.forward(b);
+  for (int r = 0; r < 2; ++r) {
+    const float* l = lg.as<float>() + r * lg.shape()[1];
+    tok.push_back(int32_t(std::max_element(l, l + lg.shape()[1]) - l));
+  }
+  std::vector<int32_t> out = tok;
+  for (int s = 0; s < steps; ++s) {
+    tok = m.decode(rows, tok, at);
+    for (int64_t& a : at) ++a;
+    out.insert(out.end(), tok.begin(), tok.end());
+  }
+  return out;
+}
+
+class TensorParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TensorParallel, MatchesOneRank) {
+  const auto& [name, world] = GetParam();
+  const std::string dir = test::fixture(name);
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  Engine eng = build_engine(dir);
+  RuntimeOptions rt;
+  rt.max_batch = int(ref.rows());
+  rt.capacity = reference_capacity(ref);
+  auto be1 = make_cpu_backend();
+  Model one(eng, *be1, rt);
+  rt.tp = world;
+  auto be = make_cpu_backend();
+  Model tp(eng, *be, rt);
+  ASSERT_EQ(tp.tp_world(), world);
+  EXPECT_EQ(one.tp_world(), 1);
+
+  // Each rank's cache holds its KV heads only.
+  const ModelSpec rs = rank_spec(eng.spec, world, 0);
+  EXPECT_EQ(tp.state().bytes(), State::bytes(rs, tp.plan().options, DType::F32).value());
+
+  // Prefill logits: within f32 tolerance of one rank, bitwise equal across ranks.
+  const Batch b = prefill_batch(ref);
+  const HostTensor want = one.forward(b);
+  const std::vector<HostTensor> got = tp.forward_ranks(b);
+  ASSERT_EQ(got.size(), size_t(world));
+  expect_close(want, got[0], name + " prefill");
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(std::memcmp(got[0].data(), got[size_t(r)].data(), got[0].nbytes()), 0) << "rank " << r << " differs from rank 0";
+
+  // Greedy tokens: the Generator (launch_forward + decode) and Model::decode over two rows.
+  const std::vector<int32_t> prompt(ref.input_ids.as<int64_t>(), ref.input_ids.as<int64_t>() + 5);
+  const int n = int(std::min<int64_t>(8, rt.capacity - 5));
+  const std::vector<int32_t> g1 = greedy(one, prompt, n), gt = greedy(tp, prompt, n);
+  EXPECT_EQ(g1.size(), size_t(n));
+  EXPECT_EQ(g1, gt);
+  EXPECT_EQ(decode_steps(one, ref, 4), decode_steps(tp, ref, 4));
+
+  // The transformers reference through every forward path of the split model.
+  CheckOptions co;
+  for (const CaseResult& c : run_reference_check(tp, ref, co)) {
+    SCOPED_TRACE(name + " tp " + std::to_string(world) + " " + c.mode);
+    EXPECT_TRUE(c.allclose) << "max |dlogit| " << c.max_abs;
+    EXPECT_EQ(c.agree, c.total);
+    EXPECT_GT(c.total, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
+                         ::testing::Values(std::tuple{"llama3", 2}, std::tuple{"llama3", 4}, std::tuple{"qwen2", 2},
+                                           std::tuple{"qwen2", 4}, std::tuple{"qwen3", 2}, std::tuple{"qwen3", 4},
+                                           std::tuple{"qwen3_swa", 2}, std::tuple{"qwen3_swa", 4},
+                                           std::tuple{"qwen3_5_text", 2}, std::tuple{"qwen3_5_text", 4},
+                                           std::tuple{"qwen3_5_wrapped", 2}, std::tuple{"qwen3_5_pattern", 2}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
+                         });
+
+// A vocabulary that is not a multiple of the ranks: the last rank's LM-head rows are padded, and the
+// padding never reaches the logits.
+TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
+  ModelSpec s = load_model_spec(test::fixture("llama3"));
+  s.vocab = 509;
+  Engine eng = random_engine(s, DType::F32, 7);
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 16;
+  auto be1 = make_cpu_backend(), be = make_cpu_backend();
+  Model one(eng, *be1, rt);
+  rt.tp = 4;
+  Model tp(eng, *be, rt);
+  Batch b;
+  b.rows.push_back(BatchRow{0, {1, 2, 3, 500, 508}, 0, {}, true});
+  b.rows.push_back(BatchRow{1, {7, 8}, 0, {}, true});
+  const HostTensor want = one.forward(b);
+  const std::vector<HostTensor> got = tp.forward_ranks(b);
+  ASSERT_EQ(got[0].shape(), (Shape{7, 509}));
+  expect_close(want, got[0], "vocab 509 over 4 ranks");
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(std::memcmp(got[0].data(), got[size_t(r)].data(), got[0].nbytes()), 0);
+  EXPECT_EQ(greedy(one, {5, 6, 7}, 6), greedy(tp, {5, 6, 7}, 6));
+}
+
+// A bad call is refused on every rank before any collective, and the group keeps working.
+TEST(TensorParallelModel, BadCallIsRefusedAndTheGroupRecovers) {
+  Engine eng = build_engine(test::fixture("qwen3"));
+  RuntimeOptions rt;
+  rt.max_batch = 1;
+  rt.capacity = 8;
+  rt.tp = 2;
+  auto be = make_cpu_backend();
+  Model tp(eng, *be, rt);
+  test::expect_error([&] { tp.forward(Batch{{BatchRow{0, {1, 100000}, 0, {}, false}}}); }, {"token id 100000", "vocabulary of 512"});
+  test::expect_error([&] { tp.forward(Batch{{BatchRow{0, std::vector<int32_t>(9, 1), 0, {}, false}}}); }, {"capacity"});
+  EXPECT_EQ(tp.forward(Batch{{BatchRow{0, {1, 2, 3}, 0, {}, false}}}).shape(), (Shape{1, 512}));
+}
+
+TEST(TensorParallelModel, RefusesANonHostBackendOrUnsplittableModel) {
+  Engine eng = build_engine(test::fixture("llama3"));  // 4 heads
+  RuntimeOptions rt;
+  rt.max_batch = 1;
+  rt.capacity = 8;
+  rt.tp = 3;
+  auto be = make_cpu_backend();
+  test::expect_error([&] { Model m(eng, *be, rt); }, {"--tp 3", "num_attention_heads"});
+}
+
+// `ingot check --tp 2 --device cpu` from the command line.
+TEST(TensorParallelCli, CheckPassesAtTp2) {
+  const std::string cmd = std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + test::fixture("qwen3") +
+                          " --reference " + test::fixture("qwen3") + "/reference.safetensors > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace ingot
