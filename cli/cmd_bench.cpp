@@ -76,6 +76,8 @@ void add_bench(CLI::App& app) {
     ls.batch_invariant = a->model.batch_invariant;
     ls.verify = !a->model.no_verify;
     ls.int4_group_size = int4_group_option(a->model.quantize, a->model.group_size);
+    ls.calibration_text = a->model.calibration;
+    ls.calibration_ids = a->model.calibration_ids;
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();
     LoadPlan plan(ls);

@@ -22,10 +22,15 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
-  add_quantize_options(app, quantize, group_size);
+  add_quantize_options(app, quantize, group_size, calibration, calibration_ids);
 }
 
-void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size) {
+void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
+                          std::string& calibration_ids) {
+  app.add_option("--calibration", calibration, "with --quantize int4: a text file (tokenized with the model's "
+                                               "tokenizer) for activation-aware scales (AWQ-style; docs/quantization.md)");
+  app.add_option("--calibration-ids", calibration_ids, "with --quantize int4: like --calibration, a file of "
+                                                       "whitespace-separated token ids (models without a tokenizer)");
   app.add_option("--quantize", quantize, "int4: the linear weights as symmetric INT4, round to nearest per group "
                                          "(docs/quantization.md); a checkpoint folder or random weights only");
   app.add_option("--group-size", group_size, "with --quantize int4: input columns per scale, a power of two in [32, 256] "
@@ -52,6 +57,8 @@ LoadSpec ModelArgs::load_spec() const {
   s.batch_invariant = batch_invariant;
   s.verify = !no_verify;
   s.int4_group_size = int4_group_option(quantize, group_size);
+  s.calibration_text = calibration;
+  s.calibration_ids = calibration_ids;
   return s;
 }
 

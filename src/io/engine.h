@@ -20,6 +20,8 @@ struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Set: the linear weights are stored as INT4 of this group size, round to nearest (quant/int4.h).
   std::optional<int64_t> int4_group_size;
+  // With int4_group_size: calibration tokens for activation-aware scales (quant/awq.h); empty: plain RTN.
+  std::vector<int32_t> calibration_ids;
   // Called with checkpoint bytes converted so far and in all (for a progress bar).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
+#include "quant/awq.h"
 #include "runtime/memory_plan.h"
 
 #ifdef INGOT_WITH_CUDA
@@ -76,6 +77,12 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
     plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
   }
+  // The calibration tokens: read and checked against the vocabulary now, before any weight is read.
+  if (!s.calibration_text.empty() || !s.calibration_ids.empty()) {
+    if (!s.int4_group_size)
+      throw Error(std::string(s.calibration_text.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
+    calibration_ = read_calibration(s.calibration_text, s.calibration_ids, s.model_dir, model_spec_.vocab);
+  }
   if (device_ == "cuda" && (s.int4_group_size || published_ || (file_ && file_->quant)))
     throw Error("cuda backend: int4 weights are not supported yet (" +
                 std::string(s.int4_group_size ? "--quantize int4"
@@ -133,10 +140,12 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     BuildOptions bo;
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
     bo.int4_group_size = s.int4_group_size;
+    bo.calibration_ids = plan.calibration_;
     l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
   } else {
     l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
-    if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size);
+    if (s.int4_group_size && !plan.calibration_.empty()) quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size);
+    else if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size);
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();
