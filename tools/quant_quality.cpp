@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("| weights | group | method | agreement with %s | perplexity |\n| --- | --- | --- | --- | --- |\n",
-                dtype_name(ref.weight_dtype));
-    std::printf("| %s | - | - | 1 | %.4f |\n", dtype_name(ref.weight_dtype), std::exp(base_sc.nll / double(base_sc.positions)));
+                std::string(dtype_name(ref.weight_dtype)).c_str());
+    std::printf("| %s | - | - | 1 | %.4f |\n", std::string(dtype_name(ref.weight_dtype)).c_str(), std::exp(base_sc.nll / double(base_sc.positions)));
     std::istringstream gs(groups);
     for (std::string g; std::getline(gs, g, ',');) {
       const int64_t group = std::stoll(g);
