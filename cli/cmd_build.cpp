@@ -42,6 +42,7 @@ void add_build(CLI::App& app) {
     std::string quantize;
     int64_t group_size = 0;
     std::string calibration, calibration_ids;
+    bool quantize_lm_head = false;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -61,7 +62,7 @@ void add_build(CLI::App& app) {
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
-  add_quantize_options(*cmd, a->quantize, a->group_size, a->calibration, a->calibration_ids);
+  add_quantize_options(*cmd, a->quantize, a->group_size, a->calibration, a->calibration_ids, a->quantize_lm_head);
   cmd->callback([a] {
     EngineBuildInfo info;
     BuildOptions bo;
@@ -73,7 +74,9 @@ void add_build(CLI::App& app) {
     const DType dt = a->config.empty() ? build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
     // The group size against every linear weight before the output is touched or anything is read.
     bo.int4_group_size = int4_group_option(a->quantize, a->group_size);
-    if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size");
+    if (a->quantize_lm_head && !bo.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
+    bo.quantize_lm_head = a->quantize_lm_head;
+    if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
     // The calibration tokens, read and checked against the vocabulary before the output is touched.
     if (!a->calibration.empty() || !a->calibration_ids.empty()) {
       if (!bo.int4_group_size)
@@ -96,8 +99,9 @@ void add_build(CLI::App& app) {
     Engine engine;
     if (!a->config.empty()) {
       engine = random_engine(spec, dt, a->seed);
-      if (bo.int4_group_size && !bo.calibration_ids.empty()) quantize_engine_awq(engine, bo.calibration_ids, *bo.int4_group_size);
-      else if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size);
+      if (bo.int4_group_size && !bo.calibration_ids.empty())
+        quantize_engine_awq(engine, bo.calibration_ids, *bo.int4_group_size, "--calibration", bo.quantize_lm_head);
+      else if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
       {

@@ -22,11 +22,13 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
-  add_quantize_options(app, quantize, group_size, calibration, calibration_ids);
+  add_quantize_options(app, quantize, group_size, calibration, calibration_ids, quantize_lm_head);
 }
 
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
-                          std::string& calibration_ids) {
+                          std::string& calibration_ids, bool& quantize_lm_head) {
+  app.add_flag("--quantize-lm-head", quantize_lm_head, "with --quantize int4: the LM head too (untied models only; "
+                                                       "the embedding always stays 16-bit)");
   app.add_option("--calibration", calibration, "with --quantize int4: a text file (tokenized with the model's "
                                                "tokenizer) for activation-aware scales (AWQ-style; docs/quantization.md)");
   app.add_option("--calibration-ids", calibration_ids, "with --quantize int4: like --calibration, a file of "
@@ -59,6 +61,7 @@ LoadSpec ModelArgs::load_spec() const {
   s.int4_group_size = int4_group_option(quantize, group_size);
   s.calibration_text = calibration;
   s.calibration_ids = calibration_ids;
+  s.quantize_lm_head = quantize_lm_head;
   return s;
 }
 

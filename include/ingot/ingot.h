@@ -27,6 +27,7 @@ struct LoadConfig {
   // With int4_group_size: a calibration file for activation-aware scales (docs/quantization.md): text
   // (tokenized with the folder's tokenizer) or whitespace-separated token ids; both empty: plain RTN.
   std::string calibration_text, calibration_ids;
+  bool quantize_lm_head = false;  // with int4_group_size: the untied LM head as INT4 too
   // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,
   // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
   // refuses a value above the capacity it was built for.

@@ -158,6 +158,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   if (c.int4_group_size) ls.int4_group_size = c.int4_group_size;
   ls.calibration_text = c.calibration_text;
   ls.calibration_ids = c.calibration_ids;
+  ls.quantize_lm_head = c.quantize_lm_head;
   ls.progress = c.progress;
   RuntimeOptions rt;
   rt.capacity = c.capacity;

@@ -267,9 +267,10 @@ std::vector<AwqChoice> apply_awq_scales(Engine& eng, const std::vector<int32_t>&
 }
 
 std::vector<AwqChoice> quantize_engine_awq(Engine& eng, const std::vector<int32_t>& ids, int64_t group,
-                                           const std::string& flag) {
+                                           const std::string& flag, bool lm_head) {
+  if (lm_head) plan_int4(weight_table(eng.spec), group, "--group-size", true);  // a tied head refused first
   std::vector<AwqChoice> choices = apply_awq_scales(eng, ids, group, flag);
-  quantize_engine_int4(eng, group);
+  quantize_engine_int4(eng, group, "--group-size", lm_head);
   nlohmann::json alphas = nlohmann::json::object();
   for (const AwqChoice& c : choices) alphas[c.name] = c.alpha;
   eng.provenance["activation_aware"] = {{"calibration_tokens", ids.size()}, {"grid", kAwqGrid}, {"alpha", alphas}};

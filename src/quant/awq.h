@@ -59,8 +59,9 @@ std::vector<AwqChoice> apply_awq_scales(Engine& eng, const std::vector<int32_t>&
                                         const std::string& flag = "--calibration");
 
 // apply_awq_scales then quantize_engine_int4; the engine's provenance records the calibration.
+// lm_head: the untied LM head too, by plain RTN (its input, the final norm's output, gets no scales).
 std::vector<AwqChoice> quantize_engine_awq(Engine& eng, const std::vector<int32_t>& ids, int64_t group,
-                                           const std::string& flag = "--calibration");
+                                           const std::string& flag = "--calibration", bool lm_head = false);
 
 // Calibration tokens from the command line's files: exactly one of `text_file` (tokenized by the
 // tokenizer of `model_dir`, no special tokens) and `ids_file` (whitespace-separated token ids), each

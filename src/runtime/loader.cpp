@@ -75,8 +75,9 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     if (!s.engine_path.empty())
       throw Error("--quantize: " + s.engine_path + " is an engine file, whose quantization was fixed when it was built "
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
-    plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
+    plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size", s.quantize_lm_head);
   }
+  if (s.quantize_lm_head && !s.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
   // The calibration tokens: read and checked against the vocabulary now, before any weight is read.
   if (!s.calibration_text.empty() || !s.calibration_ids.empty()) {
     if (!s.int4_group_size)
@@ -141,11 +142,13 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
     bo.int4_group_size = s.int4_group_size;
     bo.calibration_ids = plan.calibration_;
+    bo.quantize_lm_head = s.quantize_lm_head;
     l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
   } else {
     l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
-    if (s.int4_group_size && !plan.calibration_.empty()) quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size);
-    else if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size);
+    if (s.int4_group_size && !plan.calibration_.empty())
+      quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size, "--calibration", s.quantize_lm_head);
+    else if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size, "--group-size", s.quantize_lm_head);
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();

@@ -32,6 +32,7 @@ struct LoadSpec {
   // With int4_group_size: the calibration file for activation-aware scales (quant/awq.h), text to
   // tokenize with the folder's tokenizer or whitespace-separated token ids; both empty: plain RTN.
   std::string calibration_text, calibration_ids;
+  bool quantize_lm_head = false;  // with int4_group_size: the untied LM head too
   ProgressFn progress;  // engine files: bytes verified so far and in all
   const std::string& source() const;
 };
