@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps build test test-sanitize fuzz demo bench-cpu clean
+.PHONY: quant-quality all deps build test test-sanitize fuzz demo bench-cpu clean
 
 all: build
 
@@ -49,6 +49,15 @@ demo: build
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Once upon a time," --max-new-tokens 60
 	$(BUILD)/ingot generate --model $(DEMO_DIR) --prompt "Tom had a" --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 60
 	$(BUILD)/ingot check --model $(DEMO_DIR) --reference $(DEMO_DIR)/reference.safetensors --dtype fp32
+
+# The INT4 quality table of docs/quantization.md: the demo model unquantized, RTN and activation-aware
+# at groups 32/64/128, on held-out stories (CPU).
+quant-quality: build
+	mkdir -p $(DEMO_DIR)
+	cp models/demo/* $(DEMO_DIR)/
+	cp $(TOKENIZERS)/llama2/tokenizer.json $(TOKENIZERS)/llama2/tokenizer_config.json $(DEMO_DIR)/
+	$(BUILD)/ingot_quant_quality --model $(DEMO_DIR) --calibration tests/data/quant/demo_calibration.txt \
+	  --heldout tests/data/quant/demo_heldout.txt
 
 # Decode speed of Qwen3-0.6B shapes with random bf16 weights on this CPU.
 bench-cpu: build

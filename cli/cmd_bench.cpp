@@ -78,6 +78,9 @@ void add_bench(CLI::App& app) {
     ls.batch_invariant = a->model.batch_invariant;
     ls.verify = !a->model.no_verify;
     ls.int4_group_size = int4_group_option(a->model.quantize, a->model.group_size);
+    ls.calibration_text = a->model.calibration;
+    ls.calibration_ids = a->model.calibration_ids;
+    ls.quantize_lm_head = a->model.quantize_lm_head;
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();
     LoadPlan plan(ls);

@@ -10,6 +10,7 @@
 #include "core/files.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
+#include "quant/awq.h"
 #include "options.h"
 #include "progress.h"
 
@@ -41,6 +42,8 @@ void add_build(CLI::App& app) {
     std::string quantize;
     int64_t group_size = 0;
     int tp = 1;
+    std::string calibration, calibration_ids;
+    bool quantize_lm_head = false;
   };
   auto a = std::make_shared<Args>();
   auto* m = cmd->add_option("--model", a->model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
@@ -60,7 +63,7 @@ void add_build(CLI::App& app) {
   cmd->add_option("--layout", a->layout, "KV cache layout: heads_first or flattened")
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
-  add_quantize_options(*cmd, a->quantize, a->group_size);
+  add_quantize_options(*cmd, a->quantize, a->group_size, a->calibration, a->calibration_ids, a->quantize_lm_head);
   cmd->add_option("--tp", a->tp, "tensor-parallel ranks: per-rank engine files are not implemented yet (one engine "
                                  "file runs at any --tp, split at load)")
       ->check(at_least(1));
@@ -79,7 +82,15 @@ void add_build(CLI::App& app) {
     const DType dt = a->config.empty() ? build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
     // The group size against every linear weight before the output is touched or anything is read.
     bo.int4_group_size = int4_group_option(a->quantize, a->group_size);
-    if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size");
+    if (a->quantize_lm_head && !bo.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
+    bo.quantize_lm_head = a->quantize_lm_head;
+    if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
+    // The calibration tokens, read and checked against the vocabulary before the output is touched.
+    if (!a->calibration.empty() || !a->calibration_ids.empty()) {
+      if (!bo.int4_group_size)
+        throw Error(std::string(a->calibration.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
+      bo.calibration_ids = read_calibration(a->calibration, a->calibration_ids, a->model_dir, spec.vocab);
+    }
     // A published INT4 folder: its quantization_config checked now, before the output is touched.
     if (a->config.empty() && read_published_quant(a->model_dir) && bo.int4_group_size)
       throw Error("--quantize: " + a->model_dir + " is already quantized (config.json has a quantization_config); "
@@ -96,7 +107,9 @@ void add_build(CLI::App& app) {
     Engine engine;
     if (!a->config.empty()) {
       engine = random_engine(spec, dt, a->seed);
-      if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size);
+      if (bo.int4_group_size && !bo.calibration_ids.empty())
+        quantize_engine_awq(engine, bo.calibration_ids, *bo.int4_group_size, "--calibration", bo.quantize_lm_head);
+      else if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
       {

@@ -22,7 +22,7 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
                "in any batch, however the prompt is chunked), at a speed cost (docs/performance.md); the CPU always is");
-  add_quantize_options(app, quantize, group_size);
+  add_quantize_options(app, quantize, group_size, calibration, calibration_ids, quantize_lm_head);
 }
 
 void ModelArgs::add_tp_option(CLI::App& app) {
@@ -37,7 +37,14 @@ void ModelArgs::check_tp() const {
                 "(NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
 }
 
-void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size) {
+void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
+                          std::string& calibration_ids, bool& quantize_lm_head) {
+  app.add_flag("--quantize-lm-head", quantize_lm_head, "with --quantize int4: the LM head too (untied models only; "
+                                                       "the embedding always stays 16-bit)");
+  app.add_option("--calibration", calibration, "with --quantize int4: a text file (tokenized with the model's "
+                                               "tokenizer) for activation-aware scales (AWQ-style; docs/quantization.md)");
+  app.add_option("--calibration-ids", calibration_ids, "with --quantize int4: like --calibration, a file of "
+                                                       "whitespace-separated token ids (models without a tokenizer)");
   app.add_option("--quantize", quantize, "int4: the linear weights as symmetric INT4, round to nearest per group "
                                          "(docs/quantization.md); a checkpoint folder or random weights only");
   app.add_option("--group-size", group_size, "with --quantize int4: input columns per scale, a power of two in [32, 256] "
@@ -65,6 +72,9 @@ LoadSpec ModelArgs::load_spec() const {
   s.batch_invariant = batch_invariant;
   s.verify = !no_verify;
   s.int4_group_size = int4_group_option(quantize, group_size);
+  s.calibration_text = calibration;
+  s.calibration_ids = calibration_ids;
+  s.quantize_lm_head = quantize_lm_head;
   return s;
 }
 

@@ -22,6 +22,8 @@ struct ModelArgs {
   std::string quantize;    // --quantize int4: a checkpoint folder's linear weights as INT4 (round to nearest)
   int64_t group_size = 0;  // --group-size (0: not given; kDefaultInt4Group)
   int tp = 1;              // --tp: tensor-parallel ranks (docs/tensor-parallel.md)
+  std::string calibration, calibration_ids;  // --calibration FILE (text) / --calibration-ids FILE
+  bool quantize_lm_head = false;             // --quantize-lm-head
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
   // --tp, on the commands tensor parallelism is tested on (check, generate, bench); the others run
@@ -45,7 +47,8 @@ Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = fal
 // weights by the build, quant/int4.h).
 inline constexpr int64_t kDefaultInt4Group = 128;
 std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t group_size);
-void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size);
+void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
+                          std::string& calibration_ids, bool& quantize_lm_head);
 
 std::vector<int32_t> parse_ids(const std::string& csv);
 std::vector<int> parse_int_list(const std::string& csv);

@@ -59,6 +59,9 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
   c.verify = !a.no_verify;
   c.dtype = a.dtype;
   c.int4_group_size = int4_group_option(a.quantize, a.group_size).value_or(0);
+  c.calibration_text = a.calibration;
+  c.calibration_ids = a.calibration_ids;
+  c.quantize_lm_head = a.quantize_lm_head;
   c.capacity = capacity;
   c.chat = chat;
   c.chat_template_file = t.chat_template;

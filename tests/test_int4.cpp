@@ -242,6 +242,42 @@ TEST(Int4EngineFile, ReloadsBitwiseWithItsQuantizationRecorded) {
   }
 }
 
+// --quantize-lm-head: the untied head (llama3 fixture) is INT4 too, the forward equals the dequantized
+// f32 model, and an engine file keeps it; a tied head (qwen3) is refused, the embedding staying 16-bit.
+TEST(Int4LmHead, AnUntiedHeadIsQuantizedAndATiedOneIsRefused) {
+  BuildOptions bo;
+  bo.dtype = DType::F32;
+  bo.int4_group_size = 32;
+  bo.quantize_lm_head = true;
+  const Engine qe = build_engine(test::fixture("llama3"), bo);
+  ASSERT_TRUE(qe.quant);
+  EXPECT_NE(std::find(qe.quant->tensors.begin(), qe.quant->tensors.end(), "lm_head"), qe.quant->tensors.end());
+  EXPECT_EQ(qe.get("lm_head").dtype(), DType::U8);
+  EXPECT_NE(qe.get("tok_embeddings").dtype(), DType::U8);
+  const HostTensor a = run(qe);
+  EXPECT_TRUE(same_bytes(a, run(dequantized_f32(qe))));
+  EXPECT_FALSE(same_bytes(a, run(build("llama3", 32, DType::F32))));  // the head's quantization changed the logits
+
+  test::TempDir dir;
+  EngineBuildInfo info;
+  info.bounds.max_batch = 2;
+  info.bounds.capacity = 32;
+  info.source = describe_checkpoint(test::fixture("llama3"));
+  save_engine(qe, info, dir.file("h.ingot"));
+  LoadedEngine le = load_engine(dir.file("h.ingot"));
+  EXPECT_EQ(le.engine.quant->tensors, qe.quant->tensors);
+  EXPECT_TRUE(same_bytes(run(le.engine), a));
+
+  bo.int4_group_size = 32;
+  try {
+    build_engine(test::fixture("qwen3"), bo);
+    FAIL() << "a tied head was quantized";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--quantize-lm-head: the model ties its LM head to the embedding"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Int4EngineFile, ATableThatDisagreesWithTheQuantizationIsRefused) {
   test::TempDir dir;
   EngineBuildInfo info;

@@ -23,42 +23,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-NAMES = ["Tom", "Mia", "Sam", "Lily", "Ben", "Anna", "Max", "Zoe", "Leo", "Ella"]
-ANIMALS = ["cat", "dog", "fox", "bird", "rabbit", "bear", "duck", "horse", "mouse", "owl"]
-COLORS = ["red", "blue", "green", "yellow", "little", "big", "happy", "brown", "white", "old"]
-THINGS = ["ball", "kite", "boat", "book", "hat", "cake", "box", "drum", "map", "lamp"]
-PLACES = ["the park", "the forest", "the garden", "the river", "the hill", "the town", "the beach", "the farm"]
-FEELINGS = ["happy", "sad", "tired", "brave", "curious", "hungry", "excited", "calm"]
-VERBS_PAST = ["found", "lost", "made", "saw", "wanted", "painted", "carried", "shared"]
-WEATHER = ["sunny", "rainy", "windy", "cold", "warm", "quiet"]
-
-
-def sentence(rng, who, pet):
-    thing = f"{rng.choice(COLORS)} {rng.choice(THINGS)}"
-    forms = [
-        f"{who} had a {thing}.",
-        f"{who} {rng.choice(VERBS_PAST)} a {thing} in {rng.choice(PLACES)}.",
-        f"The {pet} went to {rng.choice(PLACES)} with {who}.",
-        f"It was a {rng.choice(WEATHER)} day.",
-        f"{who} felt {rng.choice(FEELINGS)}.",
-        f"The {pet} was very {rng.choice(FEELINGS)}.",
-        f"They played with the {thing} all day.",
-        f"{who} said, \"I like my {rng.choice(THINGS)}!\"",
-        f"The {pet} ran to {rng.choice(PLACES)} and came back.",
-        f"{who} and the {pet} ate a {rng.choice(COLORS)} cake.",
-    ]
-    return rng.choice(forms)
-
-
-def story(rng):
-    who, pet = rng.choice(NAMES), rng.choice(ANIMALS)
-    opening = rng.choice([f"Once upon a time, there was a {rng.choice(COLORS)} {pet}.",
-                          f"One day, {who} went to {rng.choice(PLACES)}.",
-                          f"{who} had a {rng.choice(COLORS)} {pet}."])
-    body = [sentence(rng, who, pet) for _ in range(rng.randint(2, 5))]
-    ending = rng.choice(["The end.", f"{who} was happy.", f"The {pet} went to sleep.", "They were friends."])
-    return " ".join([opening] + body + [ending])
-
+from demo_stories import story  # the grammar, shared with the INT4 quality table's text
 
 def main():
     ap = argparse.ArgumentParser()
@@ -66,6 +31,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=float, default=150)
     ap.add_argument("--seed", type=int, default=0)
+    # The shipped demo model is the default; the INT4 quality table's larger model (docs/quantization.md)
+    # is --layers 8 --hidden 256 --intermediate 768 --heads 8 --kv-heads 4.
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
@@ -79,8 +51,8 @@ def main():
     used[flat.unique()] = True
     print(f"corpus: {len(stories)} stories, {flat.numel()} tokens, {int(used.sum())} distinct tokens")
 
-    cfg = Qwen3Config(vocab_size=32000, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
+                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=32, max_position_embeddings=512,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True, bos_token_id=bos, eos_token_id=eos,
                       rms_norm_eps=1e-6)
     dev = "cuda"

@@ -24,6 +24,10 @@ struct LoadConfig {
   // A checkpoint folder's linear weights as INT4 (symmetric, round to nearest) with this many input
   // columns per scale, a power of two in [32, 256]; 0 = not quantized. CPU only (docs/quantization.md).
   int64_t int4_group_size = 0;
+  // With int4_group_size: a calibration file for activation-aware scales (docs/quantization.md): text
+  // (tokenized with the folder's tokenizer) or whitespace-separated token ids; both empty: plain RTN.
+  std::string calibration_text, calibration_ids;
+  bool quantize_lm_head = false;  // with int4_group_size: the untied LM head as INT4 too
   // Cache slots, i.e. prompt + generated tokens, allocated at load. 0 = min(4096,
   // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
   // refuses a value above the capacity it was built for.

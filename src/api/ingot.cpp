@@ -156,6 +156,9 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   ls.batch_invariant = c.batch_invariant;
   ls.verify = c.verify;
   if (c.int4_group_size) ls.int4_group_size = c.int4_group_size;
+  ls.calibration_text = c.calibration_text;
+  ls.calibration_ids = c.calibration_ids;
+  ls.quantize_lm_head = c.quantize_lm_head;
   ls.progress = c.progress;
   RuntimeOptions rt;
   rt.capacity = c.capacity;

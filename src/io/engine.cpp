@@ -16,6 +16,7 @@
 #include "io/quantized_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/family.h"
+#include "quant/awq.h"
 
 namespace ingot {
 
@@ -218,10 +219,10 @@ void put_int4(Engine& eng, const std::string& name, const HostTensor& t, int64_t
 
 }  // namespace
 
-void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag) {
+void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag, bool lm_head) {
   if (eng.quant) throw Error(flag + ": the engine is already quantized");
   const WeightTable table = weight_table(eng.spec);
-  QuantConfig q = plan_int4(table, group, flag);
+  QuantConfig q = plan_int4(table, group, flag, lm_head);
   for (const std::string& name : q.tensors) {
     const HostTensor t = std::move(eng.weights.at(name));
     put_int4(eng, name, t, group);
@@ -241,7 +242,7 @@ std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelS
   if (!q) return shapes;
   for (const std::string& name : q->tensors) {
     auto it = shapes.find(name);
-    if (it == shapes.end() || !int4_quantizable(*specs.at(name)))
+    if (it == shapes.end() || !int4_allowed(*specs.at(name)))
       throw Error("INT4 weight '" + name + "' is not a linear weight of this architecture");
     const Shape full = it->second.first;
     const int64_t group = q->group(full[1]);
@@ -332,7 +333,12 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   Engine eng;
   eng.spec = spec;
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
-  if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size");
+  if (o.quantize_lm_head && !o.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
+  if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size", o.quantize_lm_head);
+  // Activation-aware: the whole engine is built unquantized first (the calibration forward runs it),
+  // then scaled, folded and quantized at the end.
+  const bool awq = o.int4_group_size && !o.calibration_ids.empty();
+  if (!o.calibration_ids.empty() && !o.int4_group_size) throw Error("--calibration needs --quantize int4");
   bool rounded = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];
@@ -351,7 +357,9 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
     HostTensor t = stack_rows(parts[i], w, eng.weight_dtype, dir);
     // One weight at a time, so the 16-bit copy of the whole model never coexists with the INT4 one.
     // (A published checkpoint's plain linear weights, modules it left unquantized, stay as they are.)
-    if (quant && !published && int4_quantizable(w)) put_int4(eng, w.name, t, quant->group_size);
+    const bool to_int4 = quant && !published && !awq &&
+                         std::find(quant->tensors.begin(), quant->tensors.end(), w.name) != quant->tensors.end();
+    if (to_int4) put_int4(eng, w.name, t, quant->group_size);
     else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
@@ -359,9 +367,11 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   if (rounded)
     warn(dir + ": the checkpoint's INT4 scales do not all fit " + std::string(dtype_name(eng.weight_dtype)) +
          " exactly and were rounded to it; build with --dtype f16 or f32 to keep them exact");
+  if (awq) quant.reset();
   eng.quant = std::move(quant);
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(eng.weight_dtype))}};
   if (eng.quant) eng.provenance["quantization"] = quant_json(&*eng.quant, eng.weight_dtype);
+  if (awq) quantize_engine_awq(eng, o.calibration_ids, *o.int4_group_size, "--calibration", o.quantize_lm_head);
   return eng;
 }
 

@@ -20,6 +20,10 @@ struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Set: the linear weights are stored as INT4 of this group size, round to nearest (quant/int4.h).
   std::optional<int64_t> int4_group_size;
+  // With int4_group_size: calibration tokens for activation-aware scales (quant/awq.h); empty: plain RTN.
+  std::vector<int32_t> calibration_ids;
+  // With int4_group_size: the (untied) LM head as INT4 too, round to nearest.
+  bool quantize_lm_head = false;
   // Called with checkpoint bytes converted so far and in all (for a progress bar).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model
@@ -60,7 +64,9 @@ DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<D
 // `group_size` input columns, scales in the engine's weight dtype. `flag` names the option in errors
 // (a group size that is not allowed or does not divide a weight's input dimension, checked before any
 // weight changes).
-void quantize_engine_int4(Engine& engine, int64_t group_size, const std::string& flag = "--group-size");
+// lm_head: the untied LM head too (--quantize-lm-head; plan_int4 refuses a tied one).
+void quantize_engine_int4(Engine& engine, int64_t group_size, const std::string& flag = "--group-size",
+                          bool lm_head = false);
 // The runtime name -> (shape, dtype) of every tensor an engine of `spec` with weights in `dtype` and
 // quantization `quant` (or none) holds: the family's table, with INT4 weights packed and their scales.
 std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& spec, DType dtype,

@@ -328,7 +328,7 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
     if (!names[i].is_string()) f.fail(pi, "must be a string");
     const std::string n = names[i].get<std::string>();
     auto it = std::find_if(table.entries().begin(), table.entries().end(), [&](const WeightSpec& e) { return e.name == n; });
-    if (it == table.entries().end() || !int4_quantizable(*it))
+    if (it == table.entries().end() || !int4_allowed(*it))
       f.fail(pi, "'" + n + "' is not a weight of this architecture that can be INT4");
     if (c.group_size > 0 && it->shape[1] % c.group_size != 0)
       f.fail(pi, "'" + n + "' has input dimension " + std::to_string(it->shape[1]) + ", which group_size " +

@@ -14,20 +14,29 @@ bool int4_quantizable(const WeightSpec& w) {
                           w.layer_field == &LayerWeights::w_gate_up || w.layer_field == &LayerWeights::w_down);
 }
 
-QuantConfig plan_int4(const WeightTable& table, int64_t g, const std::string& flag) {
+bool int4_allowed(const WeightSpec& w) { return int4_quantizable(w) || (w.layer < 0 && w.name == "lm_head"); }
+
+QuantConfig plan_int4(const WeightTable& table, int64_t g, const std::string& flag, bool lm_head) {
   if (g < kInt4MinGroup || g > kInt4MaxGroup || (g & (g - 1)) != 0)
     throw Error(flag + " " + std::to_string(g) + " is not a power of two in [" + std::to_string(kInt4MinGroup) + ", " +
                 std::to_string(kInt4MaxGroup) + "]");
   QuantConfig q;
   q.group_size = g;
+  bool head_found = false;
   for (const WeightSpec& w : table.entries()) {
-    if (!int4_quantizable(w)) continue;
+    const bool head = lm_head && w.layer < 0 && w.name == "lm_head";
+    head_found |= head;
+    if (!int4_quantizable(w) && !head) continue;
     if (w.shape.size() != 2 || w.shape[1] % g != 0)
       throw Error(flag + " " + std::to_string(g) + " does not divide the input dimension " +
                   std::to_string(w.shape.back()) + " of weight '" + w.name + "' " + shape_str(w.shape) +
                   "; choose a group size that divides it");
     q.tensors.push_back(w.name);
   }
+  if (lm_head && !head_found)
+    throw Error("--quantize-lm-head: the model ties its LM head to the embedding (tie_word_embeddings), and the "
+                "embedding lookup stays 16-bit; quantizing the shared table would change it too, so tied heads are not "
+                "quantized (build without --quantize-lm-head)");
   if (q.tensors.empty()) throw Error(flag + ": the model has no linear weight to quantize");
   return q;
 }

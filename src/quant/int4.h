@@ -50,7 +50,11 @@ bool int4_quantizable(const WeightSpec& w);
 // The table's quantizable weights, checked against the group size first: Error naming `flag` and the
 // first tensor whose input dimension it does not divide, or the group size when it is not a power of
 // two in [32, 256].
-QuantConfig plan_int4(const WeightTable& table, int64_t group_size, const std::string& flag);
+// lm_head: the LM head ("lm_head", untied models only) too (--quantize-lm-head); Error for a tied model,
+// whose head is the embedding table (quantizing it would change the embedding lookup as well).
+QuantConfig plan_int4(const WeightTable& table, int64_t group_size, const std::string& flag, bool lm_head = false);
+// A weight an engine may hold as INT4: int4_quantizable, or the untied LM head.
+bool int4_allowed(const WeightSpec& w);
 
 // [out, in/2] and [out, in/group] for a weight of runtime shape [out, in].
 Shape int4_packed_shape(const Shape& shape);

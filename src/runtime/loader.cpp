@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
+#include "quant/awq.h"
 #include "runtime/memory_plan.h"
 #include "runtime/tp_split.h"
 
@@ -74,7 +75,14 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     if (!s.engine_path.empty())
       throw Error("--quantize: " + s.engine_path + " is an engine file, whose quantization was fixed when it was built "
                   "(see `ingot inspect`); quantize with `ingot build --quantize int4`");
-    plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size");
+    plan_int4(weight_table(model_spec_), *s.int4_group_size, "--group-size", s.quantize_lm_head);
+  }
+  if (s.quantize_lm_head && !s.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
+  // The calibration tokens: read and checked against the vocabulary now, before any weight is read.
+  if (!s.calibration_text.empty() || !s.calibration_ids.empty()) {
+    if (!s.int4_group_size)
+      throw Error(std::string(s.calibration_text.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
+    calibration_ = read_calibration(s.calibration_text, s.calibration_ids, s.model_dir, model_spec_.vocab);
   }
   // The CUDA kernels take groups of a power of two from 32 values (int4_linear.cu reads 32 values of
   // one group per 16-byte load); the published formats also allow whole-row and other even groups.
@@ -153,10 +161,14 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     BuildOptions bo;
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
     bo.int4_group_size = s.int4_group_size;
+    bo.calibration_ids = plan.calibration_;
+    bo.quantize_lm_head = s.quantize_lm_head;
     l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
   } else {
     l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
-    if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size);
+    if (s.int4_group_size && !plan.calibration_.empty())
+      quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size, "--calibration", s.quantize_lm_head);
+    else if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size, "--group-size", s.quantize_lm_head);
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();

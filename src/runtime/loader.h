@@ -29,6 +29,10 @@ struct LoadSpec {
   bool verify = true;  // engine files: every blob's checksum
   // Set: a checkpoint folder's (or random) linear weights become INT4 of this group size (quant/int4.h).
   std::optional<int64_t> int4_group_size;
+  // With int4_group_size: the calibration file for activation-aware scales (quant/awq.h), text to
+  // tokenize with the folder's tokenizer or whitespace-separated token ids; both empty: plain RTN.
+  std::string calibration_text, calibration_ids;
+  bool quantize_lm_head = false;  // with int4_group_size: the untied LM head too
   ProgressFn progress;  // engine files: bytes verified so far and in all
   const std::string& source() const;
 };
@@ -57,6 +61,7 @@ class LoadPlan {
   ModelSpec model_spec_;
   DType dtype_ = DType::F32;
   std::optional<EngineFileInfo> file_;
+  std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
   bool published_ = false;  // a checkpoint folder with a quantization_config (io/quantized_checkpoint.h)
   std::string device_;
   std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
