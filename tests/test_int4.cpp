@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "io/engine_file.h"
 #include "models/family.h"
 #include "quant/int4.h"
@@ -295,49 +296,21 @@ TEST(Int4EngineFile, ATableThatDisagreesWithTheQuantizationIsRefused) {
 // The CPU backend behind a wrapper that counts allocations and answers for INT4 as another backend
 // would: int4_weights() false (a backend without INT4 kernels, as a Model sees it), or true with a
 // CUDA-like dequantization scratch (the weight in f32 beyond 16 tokens) whose reservation it records.
-class WrappedCpu final : public Backend {
+class WrappedCpu final : public ForwardingBackend {
  public:
-  explicit WrappedCpu(bool int4) : int4_(int4) {}
+  explicit WrappedCpu(bool int4) : ForwardingBackend(make_cpu_backend(1)), int4_(int4) {}
   std::string name() const override { return int4_ ? "wrapped-cpu" : "no-int4"; }
   bool int4_weights() const override { return int4_; }
   size_t int4_scratch_bytes(int64_t elems, int64_t tokens, bool perm) const override {
     return int4_ && (perm || tokens > 16) ? size_t(elems) * 4 : 0;
   }
   void reserve_int4_scratch(size_t bytes) override { reserved = std::max(reserved, bytes); }
-  DType activation_dtype() const override { return cpu_->activation_dtype(); }
-  bool host_memory() const override { return true; }
-  void* alloc(size_t bytes) override { return ++allocs, cpu_->alloc(bytes); }
-  void free(void* p) noexcept override { cpu_->free(p); }
-  void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
-  void fill_zero(void* d, size_t n) override { cpu_->fill_zero(d, n); }
-  void synchronize() override {}
-  void embedding(const Mat& t, const int32_t* ids, const Mat& o) override { cpu_->embedding(t, ids, o); }
-  void add_rmsnorm(const Mat& x, const Mat* d, const void* w, DType wt, float e, const Mat& o) override {
-    cpu_->add_rmsnorm(x, d, w, wt, e, o);
-  }
-  void linear(const Mat& x, const Mat& w, const void* b, const Mat& y) override { cpu_->linear(x, w, b, y); }
-  void rope_cache_write(const RopeWriteParams& p) override { cpu_->rope_cache_write(p); }
-  void attention(const AttentionParams& p) override { cpu_->attention(p); }
-  void sigmoid_gate(const Mat& x, const Mat& g, const Mat& o) override { cpu_->sigmoid_gate(x, g, o); }
-  void swiglu(const Mat& gu, const Mat& o) override { cpu_->swiglu(gu, o); }
-  void feed_picks(const int32_t* p, const int32_t* f, int64_t n, int32_t* ids) override { cpu_->feed_picks(p, f, n, ids); }
-  void gather_rows(const Mat& s, const int32_t* i, const Mat& d) override { cpu_->gather_rows(s, i, d); }
-  void argmax(const Mat& l, int32_t* o) override { cpu_->argmax(l, o); }
-  void sample(const Mat& l, const SampleState& st, int32_t* o) override { cpu_->sample(l, st, o); }
-  void logprobs(const Mat& l, const int32_t* c, int n, float* clp, int32_t* ti, float* tl) override {
-    cpu_->logprobs(l, c, n, clp, ti, tl);
-  }
-  void to_f32(const Mat& s, float* d) override { cpu_->to_f32(s, d); }
-  void causal_conv1d(const CausalConv1dParams& p) override { cpu_->causal_conv1d(p); }
-  void gated_delta_rule(const GatedDeltaRuleParams& p) override { cpu_->gated_delta_rule(p); }
-  void gated_rmsnorm(const GatedRmsNormParams& p) override { cpu_->gated_rmsnorm(p); }
+  void* alloc(size_t bytes) override { return ++allocs, in_->alloc(bytes); }
   int allocs = 0;
   size_t reserved = 0;
 
  private:
   bool int4_;
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend(1);
 };
 
 TEST(Int4Backend, ABackendWithoutInt4IsRefusedBeforeAnythingIsAllocated) {

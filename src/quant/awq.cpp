@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <map>
 
-#include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "models/family.h"
@@ -22,44 +22,16 @@ namespace {
 // A CPU backend that also records the input rows of the linear ops whose weight is one of `watch`
 // (by the weight's data pointer: the CPU backend uses the engine's tensors in place). The fused
 // linear+SwiGLU op is left to its default (not fused), so w_gate_up's input passes through linear().
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public ForwardingBackend {
  public:
   RecordingBackend(std::unique_ptr<Backend> inner, std::map<const void*, AwqActivations*> watch, int64_t stride)
-      : in_(std::move(inner)), watch_(std::move(watch)), stride_(stride) {}
-  std::string name() const override { return in_->name(); }
-  DType activation_dtype() const override { return in_->activation_dtype(); }
-  bool host_memory() const override { return in_->host_memory(); }
-  void* alloc(size_t b) override { return in_->alloc(b); }
-  void free(void* p) noexcept override { in_->free(p); }
-  void upload(void* d, const void* s, size_t b) override { in_->upload(d, s, b); }
-  void download(void* d, const void* s, size_t b) override { in_->download(d, s, b); }
-  void fill_zero(void* d, size_t b) override { in_->fill_zero(d, b); }
-  void synchronize() override { in_->synchronize(); }
-  std::optional<size_t> available_memory_bytes() const override { return in_->available_memory_bytes(); }
-  void embedding(const Mat& t, const int32_t* ids, const Mat& o) override { in_->embedding(t, ids, o); }
-  void add_rmsnorm(const Mat& x, const Mat* d, const void* w, DType wd, float eps, const Mat& o) override {
-    in_->add_rmsnorm(x, d, w, wd, eps, o);
-  }
+      : ForwardingBackend(std::move(inner)), watch_(std::move(watch)), stride_(stride) {}
   void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
     auto it = watch_.find(w.data);
     if (it != watch_.end()) record(x, *it->second);
     in_->linear(x, w, bias, y);
   }
-  void rope_cache_write(const RopeWriteParams& p) override { in_->rope_cache_write(p); }
-  void attention(const AttentionParams& p) override { in_->attention(p); }
-  void sigmoid_gate(const Mat& x, const Mat& g, const Mat& o) override { in_->sigmoid_gate(x, g, o); }
-  void swiglu(const Mat& gu, const Mat& o) override { in_->swiglu(gu, o); }
-  void feed_picks(const int32_t* p, const int32_t* f, int64_t n, int32_t* ids) override { in_->feed_picks(p, f, n, ids); }
-  void gather_rows(const Mat& s, const int32_t* i, const Mat& d) override { in_->gather_rows(s, i, d); }
-  void argmax(const Mat& l, int32_t* o) override { in_->argmax(l, o); }
-  void sample(const Mat& l, const SampleState& st, int32_t* o) override { in_->sample(l, st, o); }
-  void logprobs(const Mat& l, const int32_t* c, int n, float* clp, int32_t* ti, float* tl) override {
-    in_->logprobs(l, c, n, clp, ti, tl);
-  }
-  void to_f32(const Mat& s, float* d) override { in_->to_f32(s, d); }
-  void causal_conv1d(const CausalConv1dParams& p) override { in_->causal_conv1d(p); }
-  void gated_delta_rule(const GatedDeltaRuleParams& p) override { in_->gated_delta_rule(p); }
-  void gated_rmsnorm(const GatedRmsNormParams& p) override { in_->gated_rmsnorm(p); }
+  bool linear_swiglu(const Mat&, const Mat&, const Mat&) override { return false; }  // w_gate_up through linear()
 
   // The token index (over the whole calibration stream) of the next forward's first row.
   void set_first_token(int64_t t) { first_ = t; }
@@ -77,7 +49,6 @@ class RecordingBackend final : public Backend {
       }
     }
   }
-  std::unique_ptr<Backend> in_;
   std::map<const void*, AwqActivations*> watch_;
   int64_t stride_ = 1, first_ = 0;
 };
