@@ -10,7 +10,7 @@
 #include "core/files.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
-#include "quant/awq.h"
+#include "runtime/awq.h"
 #include "options.h"
 #include "progress.h"
 
@@ -86,10 +86,11 @@ void add_build(CLI::App& app) {
     bo.quantize_lm_head = a->quantize_lm_head;
     if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
     // The calibration tokens, read and checked against the vocabulary before the output is touched.
+    std::vector<int32_t> calibration;
     if (!a->calibration.empty() || !a->calibration_ids.empty()) {
       if (!bo.int4_group_size)
         throw Error(std::string(a->calibration.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
-      bo.calibration_ids = read_calibration(a->calibration, a->calibration_ids, a->model_dir, spec.vocab);
+      calibration = read_calibration(a->calibration, a->calibration_ids, a->model_dir, spec.vocab);
     }
     // A published INT4 folder: its quantization_config checked now, before the output is touched.
     if (a->config.empty() && read_published_quant(a->model_dir) && bo.int4_group_size)
@@ -107,8 +108,8 @@ void add_build(CLI::App& app) {
     Engine engine;
     if (!a->config.empty()) {
       engine = random_engine(spec, dt, a->seed);
-      if (bo.int4_group_size && !bo.calibration_ids.empty())
-        quantize_engine_awq(engine, bo.calibration_ids, *bo.int4_group_size, "--calibration", bo.quantize_lm_head);
+      if (bo.int4_group_size && !calibration.empty())
+        quantize_engine_awq(engine, calibration, *bo.int4_group_size, "--calibration", bo.quantize_lm_head);
       else if (bo.int4_group_size) quantize_engine_int4(engine, *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
       info.source.dir = "random weights (seed " + std::to_string(a->seed) + ") of the shapes in " + a->config;
     } else {
@@ -119,7 +120,15 @@ void add_build(CLI::App& app) {
       }
       ProgressBar bar("converting", a->quiet);
       bo.progress = bar.fn();
-      engine = build_engine(a->model_dir, bo);
+      if (bo.int4_group_size && !calibration.empty()) {  // activation-aware: built unquantized first
+        BuildOptions plain = bo;
+        plain.int4_group_size.reset();
+        plain.quantize_lm_head = false;
+        engine = build_engine(a->model_dir, plain);
+        quantize_engine_awq(engine, calibration, *bo.int4_group_size, "--calibration", bo.quantize_lm_head);
+      } else {
+        engine = build_engine(a->model_dir, bo);
+      }
     }
     {
       ProgressBar bar("writing", a->quiet);

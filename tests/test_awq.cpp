@@ -1,4 +1,4 @@
-// Activation-aware INT4 (quant/awq.h): the folds keep the unquantized model's function, the build is
+// Activation-aware INT4 (runtime/awq.h): the folds keep the unquantized model's function, the build is
 // deterministic, and the searched scales never lose to plain round to nearest on the calibration data.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/files.h"
-#include "quant/awq.h"
+#include "runtime/awq.h"
 #include "runtime/model.h"
 #include "test_helpers.h"
 
@@ -54,9 +54,10 @@ Engine build(const std::string& dir, std::optional<DType> dt, std::optional<int6
              std::vector<int32_t> calib = {}) {
   BuildOptions bo;
   bo.dtype = dt;
-  bo.int4_group_size = group;
-  bo.calibration_ids = std::move(calib);
-  return build_engine(dir, bo);
+  if (calib.empty()) bo.int4_group_size = group;  // activation-aware: built unquantized, then quantized
+  Engine e = build_engine(dir, bo);
+  if (group && !calib.empty()) quantize_engine_awq(e, calib, *group);
+  return e;
 }
 
 // The folds with the scaled weights kept unquantized (f32) reproduce the original logits, on the demo

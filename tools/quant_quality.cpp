@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "io/engine.h"
-#include "quant/awq.h"
+#include "runtime/awq.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -136,9 +136,9 @@ int main(int argc, char** argv) {
       }
       for (int awq = 0; awq < 2; ++awq) {
         BuildOptions o;
-        o.int4_group_size = group;
-        if (awq) o.calibration_ids = cal;
-        const Engine q = build_engine(model, o);
+        if (!awq) o.int4_group_size = group;
+        Engine q = build_engine(model, o);
+        if (awq) quantize_engine_awq(q, cal, group);
         Scores sc;
         for (size_t k = 0; k < seqs.size(); ++k) {
           const HostTensor lg = run(q, *be, seqs[k]);

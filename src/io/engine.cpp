@@ -16,7 +16,6 @@
 #include "io/quantized_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/family.h"
-#include "quant/awq.h"
 
 namespace ingot {
 
@@ -335,10 +334,6 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
   if (o.quantize_lm_head && !o.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
   if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size", o.quantize_lm_head);
-  // Activation-aware: the whole engine is built unquantized first (the calibration forward runs it),
-  // then scaled, folded and quantized at the end.
-  const bool awq = o.int4_group_size && !o.calibration_ids.empty();
-  if (!o.calibration_ids.empty() && !o.int4_group_size) throw Error("--calibration needs --quantize int4");
   bool rounded = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];
@@ -357,7 +352,7 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
     HostTensor t = stack_rows(parts[i], w, eng.weight_dtype, dir);
     // One weight at a time, so the 16-bit copy of the whole model never coexists with the INT4 one.
     // (A published checkpoint's plain linear weights, modules it left unquantized, stay as they are.)
-    const bool to_int4 = quant && !published && !awq &&
+    const bool to_int4 = quant && !published &&
                          std::find(quant->tensors.begin(), quant->tensors.end(), w.name) != quant->tensors.end();
     if (to_int4) put_int4(eng, w.name, t, quant->group_size);
     else eng.weights.emplace(w.name, std::move(t));
@@ -367,11 +362,9 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   if (rounded)
     warn(dir + ": the checkpoint's INT4 scales do not all fit " + std::string(dtype_name(eng.weight_dtype)) +
          " exactly and were rounded to it; build with --dtype f16 or f32 to keep them exact");
-  if (awq) quant.reset();
   eng.quant = std::move(quant);
   eng.provenance = {{"checkpoint", dir}, {"files", ck.files()}, {"dtype", std::string(dtype_name(eng.weight_dtype))}};
   if (eng.quant) eng.provenance["quantization"] = quant_json(&*eng.quant, eng.weight_dtype);
-  if (awq) quantize_engine_awq(eng, o.calibration_ids, *o.int4_group_size, "--calibration", o.quantize_lm_head);
   return eng;
 }
 

@@ -20,8 +20,8 @@ struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Set: the linear weights are stored as INT4 of this group size, round to nearest (quant/int4.h).
   std::optional<int64_t> int4_group_size;
-  // With int4_group_size: calibration tokens for activation-aware scales (quant/awq.h); empty: plain RTN.
-  std::vector<int32_t> calibration_ids;
+  // (Activation-aware INT4 runs the model, so it is not part of this build: callers build without
+  // int4_group_size and apply runtime/awq.h's quantize_engine_awq to the result.)
   // With int4_group_size: the (untied) LM head as INT4 too, round to nearest.
   bool quantize_lm_head = false;
   // Called with checkpoint bytes converted so far and in all (for a progress bar).

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
-#include "quant/awq.h"
+#include "runtime/awq.h"
 #include "runtime/memory_plan.h"
 #include "runtime/tp_split.h"
 
@@ -160,10 +160,13 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   } else if (!s.model_dir.empty()) {
     BuildOptions bo;
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
-    bo.int4_group_size = s.int4_group_size;
-    bo.calibration_ids = plan.calibration_;
-    bo.quantize_lm_head = s.quantize_lm_head;
+    const bool awq = s.int4_group_size && !plan.calibration_.empty();
+    if (!awq) {  // activation-aware: built unquantized, the scales searched on it, then quantized
+      bo.int4_group_size = s.int4_group_size;
+      bo.quantize_lm_head = s.quantize_lm_head;
+    }
     l.engine = std::make_unique<Engine>(build_engine(s.model_dir, bo));
+    if (awq) quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size, "--calibration", s.quantize_lm_head);
   } else {
     l.engine = std::make_unique<Engine>(random_engine(plan.spec(), plan.weight_dtype(), s.random_seed));
     if (s.int4_group_size && !plan.calibration_.empty())

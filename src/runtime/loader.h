@@ -29,7 +29,7 @@ struct LoadSpec {
   bool verify = true;  // engine files: every blob's checksum
   // Set: a checkpoint folder's (or random) linear weights become INT4 of this group size (quant/int4.h).
   std::optional<int64_t> int4_group_size;
-  // With int4_group_size: the calibration file for activation-aware scales (quant/awq.h), text to
+  // With int4_group_size: the calibration file for activation-aware scales (runtime/awq.h), text to
   // tokenize with the folder's tokenizer or whitespace-separated token ids; both empty: plain RTN.
   std::string calibration_text, calibration_ids;
   bool quantize_lm_head = false;  // with int4_group_size: the untied LM head too

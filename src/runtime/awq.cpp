@@ -1,6 +1,6 @@
 // Activation-aware INT4: calibration activations from a CPU forward, the per-weight scale search, and
-// the exact folds (quant/awq.h says what goes where).
-#include "quant/awq.h"
+// the exact folds (runtime/awq.h says what goes where).
+#include "runtime/awq.h"
 
 #include <algorithm>
 #include <cctype>
