@@ -24,6 +24,7 @@
 #include "models/family.h"
 #include "runtime/model.h"
 #include "runtime/reference_check.h"
+#include "parity_helpers.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -696,23 +697,7 @@ TEST_P(Int4FormatParity, MatchesTransformersOnTheDequantizedWeights) {
   bo.dtype = DType::F32;
   Engine eng = build_engine(dir, bo);
   ASSERT_TRUE(eng.quant) << dir << " did not load as INT4";
-  auto be = make_cpu_backend();
-  RuntimeOptions rt;
-  rt.max_batch = int(ref.rows());
-  rt.capacity = reference_capacity(ref);
-  rt.layout = layout;
-  Model m(eng, *be, rt);
-  CheckOptions co;  // atol 1e-4, rtol 1e-4
-  for (uint64_t seed : {1u, 2u}) {
-    co.seed = seed;
-    for (const CaseResult& c : run_reference_check(m, ref, co)) {
-      SCOPED_TRACE(name + " " + c.mode + " seed " + std::to_string(seed));
-      EXPECT_FALSE(std::isnan(c.max_abs));
-      EXPECT_TRUE(c.allclose) << "max |dlogit| " << c.max_abs;
-      EXPECT_EQ(c.agree, c.total);
-      EXPECT_GT(c.total, 0);
-    }
-  }
+  test::expect_reference_parity(eng, ref, layout, name, {1u, 2u});
 }
 
 INSTANTIATE_TEST_SUITE_P(Committed, Int4FormatParity,

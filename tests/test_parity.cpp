@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "io/safetensors.h"
 #include "runtime/reference_check.h"
+#include "parity_helpers.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -21,23 +22,7 @@ TEST_P(Parity, MatchesTransformers) {
   const std::string dir = test::fixture(name);
   Reference ref = load_reference(dir + "/reference.safetensors");
   Engine eng = build_engine(dir);
-  auto be = make_cpu_backend();
-  RuntimeOptions rt;
-  rt.max_batch = int(ref.rows());
-  rt.capacity = reference_capacity(ref);
-  rt.layout = layout;
-  Model m(eng, *be, rt);
-  CheckOptions co;  // atol 1e-4, rtol 1e-4
-  for (uint64_t seed : {1u, 2u, 3u}) {
-    co.seed = seed;
-    for (const CaseResult& c : run_reference_check(m, ref, co)) {
-      SCOPED_TRACE(name + " " + c.mode + " seed " + std::to_string(seed));
-      EXPECT_FALSE(std::isnan(c.max_abs));
-      EXPECT_TRUE(c.allclose) << "max |dlogit| " << c.max_abs;
-      EXPECT_EQ(c.agree, c.total);
-      EXPECT_GT(c.total, 0);
-    }
-  }
+  test::expect_reference_parity(eng, ref, layout, name, {1u, 2u, 3u});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
