@@ -4,7 +4,9 @@
 // step it bounds the grid by the capacity (33k), not by kv_len. The 36 layers' caches are read in
 // turn so each call streams from DRAM, as in the model, where a layer's weights evict the previous
 // layer's cache from L2; 50 rounds of the 36 calls are one CUDA graph, so launch gaps do not count.
-// Each size first checks two query heads against a host reference. Needs a CUDA device.
+// Each size first checks two query heads against a host reference. BM_DecodeAttentionBatch is the
+// served decode step's shape: 64 rows, one token each, capacity 1024, every row at the same kv_len
+// (arg 0: the mean, about 304) or at lengths spread as continuous batching leaves them (arg 1), each row in its own cache row. Needs a CUDA device.
 #include <benchmark/benchmark.h>
 
 #ifdef INGOT_WITH_CUDA
@@ -172,6 +174,131 @@ void BM_DecodeAttention(benchmark::State& state) {
   state.counters["rel_err"] = err;
 }
 BENCHMARK(BM_DecodeAttention)->Arg(1024)->Arg(8192)->Arg(32768)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// 64 rows of one decode token each over a [64, kv_heads, 1024, head_dim] cache per layer (the random
+// K and V of the first 1024 slots of the batch-1 setup, copied into every row): the served step.
+constexpr int kRows = 64;
+constexpr int64_t kBatchCapacity = 1024;
+
+struct BatchSetup {
+  std::vector<Buffer> k, v;
+  Buffer q, out, meta;
+  static BatchSetup& get(Setup& s) {
+    static BatchSetup b(s);
+    return b;
+  }
+
+ private:
+  explicit BatchSetup(Setup& s) {
+    const size_t row = size_t(kKvHeads) * kBatchCapacity * kHeadDim;  // elements of one cache row
+    std::vector<uint8_t> kraw(row * kRows * 2), vraw(row * kRows * 2);
+    std::vector<float> kf(row), vf(row);
+    for (int h = 0; h < kKvHeads; ++h) {
+      const size_t src = size_t(h) * kCapacity * kHeadDim, dst = size_t(h) * kBatchCapacity * kHeadDim;
+      std::copy_n(s.k_host.data() + src, kBatchCapacity * kHeadDim, kf.data() + dst);
+      std::copy_n(s.v_host.data() + src, kBatchCapacity * kHeadDim, vf.data() + dst);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      convert_from_f32(DType::BF16, kf.data(), kraw.data() + size_t(r) * row * 2, row);
+      convert_from_f32(DType::BF16, vf.data(), vraw.data() + size_t(r) * row * 2, row);
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      k.emplace_back(*s.be, kraw.size());
+      v.emplace_back(*s.be, vraw.size());
+      s.be->upload(k.back().get(), kraw.data(), kraw.size());
+      s.be->upload(v.back().get(), vraw.data(), vraw.size());
+    }
+    std::vector<uint8_t> qraw(size_t(kRows) * kQHeads * kHeadDim * 2);
+    std::vector<uint8_t> one(size_t(kQHeads) * kHeadDim * 2);
+    convert_from_f32(DType::BF16, s.q_host.data(), one.data(), s.q_host.size());
+    for (int r = 0; r < kRows; ++r) std::copy(one.begin(), one.end(), qraw.begin() + ptrdiff_t(r * one.size()));
+    q = Buffer(*s.be, qraw.size());
+    s.be->upload(q.get(), qraw.data(), qraw.size());
+    out = Buffer(*s.be, qraw.size());
+    meta = Buffer(*s.be, 4 * kRows * sizeof(int32_t));
+  }
+};
+
+AttentionParams batch_params(BatchSetup& b, int layer) {
+  AttentionParams p;
+  p.q = mat(b.q.get(), DType::BF16, kRows, int64_t(kQHeads) * kHeadDim);
+  p.out = mat(b.out.get(), DType::BF16, kRows, int64_t(kQHeads) * kHeadDim);
+  p.q_heads = kQHeads;
+  p.kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.scale = 1.0f / std::sqrt(float(kHeadDim));
+  p.max_kv_len = int(kBatchCapacity);  // the graph-captured decode step sizes the grid by the capacity
+  p.rows = kRows;
+  const int32_t* m = b.meta.as<int32_t>();
+  p.meta = {m, m + kRows, m + 2 * kRows, m + 3 * kRows};
+  p.cache.k = b.k[size_t(layer)].get();
+  p.cache.v = b.v[size_t(layer)].get();
+  p.cache.dtype = DType::BF16;
+  p.cache.capacity = kBatchCapacity;
+  p.cache.batch_stride = int64_t(kKvHeads) * kBatchCapacity * kHeadDim;
+  p.cache.head_stride = kBatchCapacity * kHeadDim;
+  p.cache.slot_stride = kHeadDim;
+  return p;
+}
+
+void BM_DecodeAttentionBatch(benchmark::State& state) {
+  if (!cuda_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  Setup& s = Setup::get();
+  BatchSetup& b = BatchSetup::get(s);
+  const bool spread = state.range(0) != 0;
+  // Lengths as continuous batching leaves them: a prompt of 32..256 tokens plus a uniform share of a
+  // 128..512-token reply (fixed seed; mean about 304), or every row at that mean.
+  std::vector<int32_t> len(kRows);
+  std::mt19937 rng(11);
+  int64_t sum = 0;
+  for (int32_t& l : len) {
+    const int prompt = 32 + int(rng() % 225), reply = 128 + int(rng() % 385);
+    l = int32_t(prompt + int(rng() % uint32_t(reply + 1)));
+    sum += l;
+  }
+  if (!spread) std::fill(len.begin(), len.end(), int32_t(sum / kRows));
+  int64_t total = 0;
+  std::vector<int32_t> meta(4 * kRows);
+  for (int r = 0; r < kRows; ++r) {
+    meta[size_t(r)] = r;                                // row
+    meta[size_t(kRows + r)] = len[size_t(r)] - 1;       // slot
+    meta[size_t(2 * kRows + r)] = len[size_t(r)] - 1;   // position
+    meta[size_t(3 * kRows + r)] = len[size_t(r)];       // kv_len
+    total += len[size_t(r)];
+  }
+  s.be->upload(b.meta.get(), meta.data(), meta.size() * sizeof(int32_t));
+  std::unique_ptr<Graph> graph = s.be->capture([&] {
+    for (int r = 0; r < kRounds; ++r)
+      for (int l = 0; l < kLayers; ++l) s.be->attention(batch_params(b, l));
+  });
+  if (!graph) {
+    state.SkipWithError("the backend did not capture a graph");
+    return;
+  }
+  graph->replay();  // warm-up
+  s.be->synchronize();
+  double seconds = 0;
+  int64_t calls = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    graph->replay();
+    s.be->synchronize();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+    calls += int64_t(kRounds) * kLayers;
+  }
+  const double bytes = 2.0 * kKvHeads * double(total) * kHeadDim * 2;  // K and V of every row per call
+  state.counters["us_per_call"] = seconds / double(calls) * 1e6;
+  state.counters["GB/s"] = bytes * double(calls) / seconds / 1e9;
+  state.counters["copy_GB/s"] = s.copy_gbs;
+  state.counters["mean_kv"] = double(total) / kRows;
+  state.counters["max_kv"] = *std::max_element(len.begin(), len.end());
+}
+BENCHMARK(BM_DecodeAttentionBatch)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 #else
