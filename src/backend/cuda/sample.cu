@@ -26,7 +26,8 @@
 //    reached inside that prefix, where the running weights of the two sets agree), which is what lets
 //    it reuse the histogram.
 //  - Candidate keys are `key << id_bits | ~id` over just the bits the vocabulary needs (18 for 152k), so
-//    a selection resolving ties between equal scores descends 5 digits, not 7.
+//    a selection resolving ties between equal scores descends 5 digits, not 7; and once its bucket
+//    holds at most kGather candidates it gathers them (gather) instead of resolving more digits.
 #include <cooperative_groups.h>
 
 #include <cfloat>
@@ -47,6 +48,9 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
 constexpr int kMaxRanks = 16;  // blocks per row (the largest cluster Hopper allows, non-portable)
 static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total read one bin each");
+// A selection whose bucket holds at most this many candidates (of nonzero weight, when weighted) ends by
+// gathering them instead of resolving more digits: a thread per (block, entry) copies them.
+constexpr int kGather = kThreads / kMaxRanks;
 
 struct SampleArgs {
   const void* logits;
@@ -69,6 +73,12 @@ struct Shared {
   unsigned long long pick_rest;
   int pick_digit;
   int found;
+  // A small bucket gathered: this block's members, then the row's (same contents in every block).
+  unsigned long long own_c[kGather], own_w[kGather];
+  unsigned long long all_c[kGather], all_w[kGather];
+  unsigned int own_n, gather_total;
+  unsigned int gather_n[kMaxRanks], gather_off[kMaxRanks];
+  unsigned long long pick_c, pick_mass;
 };
 
 // The blocks sharing a row: a cluster on Hopper, or the block alone.
@@ -289,6 +299,83 @@ struct Selected {
   int shift;       // bits of bound below the resolved digits (0: the element itself; 64: target unreachable)
 };
 
+// Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
+// selection those of nonzero weight) holds n <= kGather of them, rather than resolving its remaining
+// digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
+// would go down to the ids' last digit). Every block gathers its members, copies all blocks' lists and
+// finds the one at which the running count or weight within the bucket, from its highest, reaches
+// rest (1 <= rest <= the bucket's count or weight): the same candidate in every block. `above` is
+// what the candidates above the bucket weigh. Returns false, changing nothing, should the members
+// found not be the n counted (never expected: the caller then resolves digits as before).
+template <typename R>
+__device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
+                       unsigned int n, bool weighted, Shared& sh, Selected& out) {
+  if (threadIdx.x == 0) sh.own_n = 0;
+  __syncthreads();
+  row.for_each([&](uint32_t j, uint32_t slot) {
+    const uint32_t k = row.key_at(j, slot);
+    const uint64_t c = row.candidate(k, j);
+    if (c < lo || (c >> shift) != (prefix >> shift)) return;
+    uint64_t w = 1;
+    if (weighted) {
+      w = sp::fixed(row.weight_of(k));
+      if (w == 0) return;
+    }
+    const unsigned int i = atomicAdd(&sh.own_n, 1u);
+    if (i < unsigned(kGather)) {
+      sh.own_c[i] = c;
+      sh.own_w[i] = w;
+    }
+  });
+  const Ranks& rk = row.ranks;
+  rk.sync();
+  // Warp 0: each block's count (clamped to its list) and where its entries go in the row's list.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), unsigned(kGather)) : 0u;
+    unsigned int incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane < kMaxRanks) {
+      sh.gather_n[lane] = mine;
+      sh.gather_off[lane] = incl - mine;
+    }
+    if (lane == 31) sh.gather_total = incl;
+  }
+  __syncthreads();
+  {
+    const int r = int(threadIdx.x) / kGather, i = int(threadIdx.x) % kGather;
+    if (r < rk.n && unsigned(i) < sh.gather_n[r] && sh.gather_total <= unsigned(kGather)) {
+      const unsigned int at = sh.gather_off[r] + unsigned(i);
+      sh.all_c[at] = rk.at(sh.own_c, r)[i];
+      sh.all_w[at] = rk.at(sh.own_w, r)[i];
+    }
+  }
+  rk.sync();  // every block has copied every list before any list is rebuilt or its block exits
+  const unsigned int total = sh.gather_total;
+  if (total != n) return false;  // the same in every block
+  if (threadIdx.x == 0) sh.pick_c = 0;
+  __syncthreads();
+  // Thread t holds entry t: what the entries above it weigh (count) decides whether it is the one.
+  if (threadIdx.x < total) {
+    const uint64_t c = sh.all_c[threadIdx.x], w = sh.all_w[threadIdx.x];
+    uint64_t before = 0;
+    for (unsigned int u = 0; u < total; ++u)
+      if (sh.all_c[u] > c) before += sh.all_w[u];
+    if (before < rest && rest <= before + w) {  // exactly one entry: the running sums partition (0, all]
+      sh.pick_c = c;
+      sh.pick_mass = before + w;
+    }
+  }
+  __syncthreads();
+  const uint64_t c = sh.pick_c, mass = sh.pick_mass;
+  if (c == 0) return false;  // not reached: rest is within the bucket
+  out = {c, above + mass, 0};
+  return true;
+}
+
 // Among the candidates with key >= lo, in descending order, finds the first at which the running
 // count (weighted = false) or running fixed-point weight (weighted = true) reaches target; the caller
 // guarantees 1 <= target <= that set's count or weight. Digits are resolved from the top until the
@@ -345,6 +432,9 @@ __device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weig
     prefix |= uint64_t(d) << shift;
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
+    Selected small;
+    if (bucket_count <= unsigned(kGather) && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, sh, small))
+      return small;
     top_bit = shift;
   }
 }
