@@ -731,6 +731,64 @@ TEST_P(CudaOps, SampleMatchesCpu) {
   }
 }
 
+// The sample op's other launch shapes pick the CPU reference's tokens too: a vocabulary whose slices do
+// not fit the blocks' key caches (on an H200, beyond ~770k tokens even over a cluster of 16), so every pass
+// recomputes its keys from the logits; and a batch whose clusters the op widens so that its slices fit
+// the cache (on an H200, 72 rows of 152k: 2 blocks per row by the SM count, 4 for the cache).
+TEST_P(CudaOps, SampleLaunchShapesMatchCpu) {
+  for (const auto& [V, R] : {std::pair<int64_t, int64_t>{1000003, 4}, std::pair<int64_t, int64_t>{151936, 72}}) {
+    std::vector<float> lg = rnd(size_t(R * V), 2.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* l = lg.data() + r * V;
+      if (r % 4 == 1)
+        for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f;  // heavy ties
+      if (r % 4 == 2)
+        for (int64_t j = 0; j < V; j += 3) l[j] = -INFINITY;
+    }
+    lg = round_dt(lg);
+    std::vector<SampleParams> params(static_cast<size_t>(R));
+    std::vector<uint32_t> step(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      SampleParams& p = params[size_t(r)];
+      p = kSampleSettings[size_t(r * 5) % kSampleSettings.size()];
+      p.seed = 7 + uint64_t(r);
+      if (p.top_k < 0 || p.top_k >= V) p.top_k = int32_t(V - 1);
+      if (r % 3 == 1) {
+        p.frequency_penalty = 0.4f;
+        p.presence_penalty = 1.1f;
+      }
+      step[size_t(r)] = uint32_t(rng_());
+    }
+    std::vector<uint8_t> seen(static_cast<size_t>(R * V));
+    for (uint8_t& x : seen) x = rng_() % 20 == 0;
+    std::vector<int32_t> counts(static_cast<size_t>(R * V));
+    for (int32_t& x : counts) x = rng_() % 25 == 0 ? int32_t(1 + rng_() % 4) : 0;
+    Side& g = *gpu_;
+    auto put_raw = [&](const void* p, size_t n) {
+      g.keep.emplace_back(*gpu_be_, n);
+      gpu_be_->upload(g.keep.back().get(), p, n);
+      return g.keep.back().get();
+    };
+    SampleState gs{nullptr, static_cast<const SampleParams*>(put_raw(params.data(), params.size() * sizeof(SampleParams))),
+                   static_cast<uint32_t*>(put_raw(step.data(), step.size() * 4)),
+                   static_cast<uint8_t*>(put_raw(seen.data(), seen.size())), V, g.put_i32(counts), V};
+    SampleState cs{nullptr, params.data(), step.data(), seen.data(), V, counts.data(), V};
+    const Mat glg = g.m(g.put(lg), R, V), clg = mat(lg.data(), DType::F32, R, V);
+    int32_t* gout = g.put_i32(std::vector<int32_t>(size_t(R)));
+    std::vector<int32_t> cout(static_cast<size_t>(R));
+    for (int call = 0; call < 2; ++call) {
+      gpu_be_->sample(glg, gs, gout);
+      cpu_be_->sample(clg, cs, cout.data());
+      const std::vector<int32_t> got = g.get_i32(gout, size_t(R));
+      for (int64_t r = 0; r < R; ++r)
+        EXPECT_EQ(got[size_t(r)], cout[size_t(r)])
+            << "vocab " << V << " rows " << R << " call " << call << " row " << r << " (" << describe(params[size_t(r)])
+            << ")";
+    }
+    EXPECT_TRUE(g.get_i32(gs.counts, counts.size()) == counts) << "vocab " << V << ": counts differ";
+  }
+}
+
 // The logprobs op against the CPU reference (backend/logprobs.h): the top-N ids exactly (ties to the
 // lower id), the values within a float sum's rounding. Rows of random logits, heavy ties, -inf entries
 // and one huge logit; chosen ids anywhere, including kNoToken.

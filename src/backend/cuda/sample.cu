@@ -1,18 +1,37 @@
-// The sample op on the GPU, no sort. Every step of backend/sampling.h is a pass over the row's logits
-// (scores are recomputed from them each pass, so no scratch is needed): the top candidate is a max of
-// the 64-bit candidate keys; top-k, top-p and the draw are radix selections over those keys
-// (histograms of 10-bit digits from the top, counting candidates or summing their fixed-point
-// weights); totals are sums. Sums are integers, so the order in which threads add them cannot change
-// them, and the pick equals the CPU reference's bit for bit.
+// The sample op on the GPU, no sort. The top candidate is a max of the candidate keys; top-k, top-p and
+// the draw are radix selections over those keys (histograms of 10-bit digits from the top, counting
+// candidates or summing their fixed-point weights); totals are sums of histogram bins. Sums are
+// integers, so the order in which threads add them cannot change them, and the pick equals the CPU
+// reference's (backend/sampling.h) bit for bit.
 //
 // A row is shared by the blocks of one thread block cluster (Hopper; up to 16 blocks, each a slice of
-// the vocabulary): the passes are compute-bound (a score, a key and a weight per logit), and one block
-// on one SM took ~1 ms over a 152k vocabulary. The blocks merge their partial sums and histograms
-// through distributed shared memory and all reach the same decisions; rank 0 writes the results. On
-// GPUs without clusters a row is one block, as before.
+// the vocabulary). The blocks merge their partial sums and histograms through distributed shared
+// memory and all reach the same decisions; rank 0 writes the results. On GPUs without clusters a row
+// is one block.
+//
+// Work per logit, which is what the op costs (one block on one SM took ~1 ms per 152k row when every
+// pass recomputed everything):
+//  - The only pass over global memory computes each score once and keeps its 32-bit order key in the
+//    block's dynamic shared memory (the key cache; a slot per logit the block owns, the id implicit in
+//    the slot). Every later pass reads keys from there. Where a block's slice does not fit (a huge
+//    vocabulary, a row on one block), the passes recompute the key from the logit: same keys, same
+//    picks, only slower.
+//  - A score is recovered exactly from its key (order_key is a bijection but for -0 -> +0 and NaN,
+//    neither of which changes a weight), so an exp() is only paid for a candidate that passed the
+//    cheap key filters of its pass: once per candidate for the first digit, then only inside the
+//    bucket being resolved.
+//  - The first weighted histogram (over the candidates top-k keeps) is built once: its bins sum to the
+//    total, the same pass finds the min-p cut, and both the top-p and the draw selections start from
+//    it. The draw runs over the same set as top-p (its target, r + 1 <= the top-p prefix's mass, is
+//    reached inside that prefix, where the running weights of the two sets agree), which is what lets
+//    it reuse the histogram.
+//  - Candidate keys are `key << id_bits | ~id` over just the bits the vocabulary needs (18 for 152k), so
+//    a selection resolving ties between equal scores descends 5 digits, not 7; and once its bucket
+//    holds at most kGather candidates it gathers them (gather) instead of resolving more digits.
 #include <cooperative_groups.h>
 
 #include <cfloat>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/sampling.h"
@@ -24,15 +43,20 @@ namespace sp = ingot::sampling;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDigitBits = 10;  // two histograms (a block's and the merged one) fit static shared memory
+constexpr int kDigitBits = 10;  // three histograms (a block's, the merged one, the first digit's) fit static shared memory
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
 constexpr int kMaxRanks = 16;  // blocks per row (the largest cluster Hopper allows, non-portable)
+static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total read one bin each");
+// A selection whose bucket holds at most this many candidates (of nonzero weight, when weighted) ends by
+// gathering them instead of resolving more digits: a thread per (block, entry) copies them.
+constexpr int kGather = kThreads / kMaxRanks;
 
 struct SampleArgs {
   const void* logits;
   int64_t ld;
   uint32_t vocab;
+  uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
 };
@@ -42,11 +66,19 @@ struct Shared {
   unsigned int count[kBins];         // per digit: its candidates (counted selections) or those of nonzero weight
   unsigned long long merged_weight[kBins];  // the same over the row's blocks
   unsigned int merged_count[kBins];
+  unsigned long long first_weight[kBins];  // the row's first-digit weighted histogram (top-p and the draw)
+  unsigned int first_count[kBins];
   unsigned long long red[kWarps];  // block reductions
-  unsigned long long part;         // this block's share of a row reduction, read by the others
-  unsigned long long pick_rest, pick_above;
+  unsigned long long part, part2;  // this block's share of a row reduction, read by the others
+  unsigned long long pick_rest;
   int pick_digit;
   int found;
+  // A small bucket gathered: this block's members, then the row's (same contents in every block).
+  unsigned long long own_c[kGather], own_w[kGather];
+  unsigned long long all_c[kGather], all_w[kGather];
+  unsigned int own_n, gather_total;
+  unsigned int gather_n[kMaxRanks], gather_off[kMaxRanks];
+  unsigned long long pick_c, pick_mass;
 };
 
 // The blocks sharing a row: a cluster on Hopper, or the block alone.
@@ -83,20 +115,65 @@ struct Ranks {
   __device__ uint32_t stride() const { return uint32_t(n) * kThreads; }
 };
 
-// One row as every pass sees it.
-template <typename T>
+// The score whose order key is k: exact for every key but the NaN's (any NaN comes back) and -0's
+// (+0 comes back); weight() gives the same for either, so a weight may be computed from the key.
+__device__ __forceinline__ float score_of_key(uint32_t k) {
+  return sp::float_of((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// One row as every pass sees it; kCache: keys come from the block's key cache (a template argument, so
+// that the cached passes carry none of the recomputation's registers).
+template <typename T, bool kCache>
 struct Row {
   const T* logits;
-  const uint8_t* seen;     // null when no penalty applies
-  const int32_t* counts;   // null when neither additive penalty applies
+  const uint8_t* seen;    // null when no penalty applies
+  const int32_t* counts;  // null when neither additive penalty applies
+  uint32_t* keys;         // kCache: the block's key cache, slot i = its i-th logit
   float penalty, frequency, presence, inv_temp;
   float top;  // score of the top candidate
   uint32_t vocab;
+  uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
 
-  __device__ __forceinline__ float score_at(uint32_t j) const {
-    return sp::score(to_f(logits[j]), seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0,
-                     frequency, presence, inv_temp);
+  __device__ __forceinline__ float score(float logit, uint32_t j) const {
+    return sp::score(logit, seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0, frequency,
+                     presence, inv_temp);
+  }
+  __device__ __forceinline__ float score_at(uint32_t j) const { return score(to_f(logits[j]), j); }
+  __device__ __forceinline__ uint32_t key_at(uint32_t j, uint32_t slot) const {
+    if constexpr (kCache) return keys[slot];
+    else return sp::order_key(score_at(j));
+  }
+  __device__ __forceinline__ uint64_t candidate(uint32_t key, uint32_t j) const {
+    return (uint64_t(key) << id_bits) | (id_mask - j);
+  }
+  __device__ __forceinline__ int32_t id_of(uint64_t c) const { return int32_t(id_mask - (uint32_t(c) & id_mask)); }
+  __device__ __forceinline__ int bits() const { return 32 + int(id_bits); }
+  __device__ __forceinline__ float weight_of(uint32_t key) const { return sp::weight(score_of_key(key), top); }
+
+  // f(j, slot) for each logit this thread owns: the same logits, in the same order, in every pass, so
+  // a thread only ever reads the cache slots it wrote itself.
+  template <typename F>
+  __device__ __forceinline__ void for_each(F&& f) const {
+    uint32_t slot = threadIdx.x;
+    for (uint32_t j = ranks.first(threadIdx.x); j < vocab; j += ranks.stride(), slot += kThreads) f(j, slot);
+  }
+  // f(logit, j, slot) over the same logits, kLoads of them loaded before any is used: the pass over
+  // global memory, whose loads would otherwise each wait out the latency of L2 or HBM in turn (a
+  // block owns 10 to 40 logits per thread).
+  template <typename F>
+  __device__ __forceinline__ void for_each_logit(F&& f) const {
+    constexpr int kLoads = 4;
+    const uint32_t stride = ranks.stride();
+    uint32_t slot = threadIdx.x, j = ranks.first(threadIdx.x);
+    for (; uint64_t(j) + uint64_t(kLoads - 1) * stride < vocab; j += kLoads * stride, slot += kLoads * kThreads) {
+      float l[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) l[u] = to_f(logits[j + u * stride]);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) f(l[u], j + u * stride, slot + u * kThreads);
+    }
+    for (; j < vocab; j += stride, slot += kThreads) f(to_f(logits[j]), j, slot);
   }
 };
 
@@ -128,31 +205,109 @@ __device__ __forceinline__ unsigned long long block_max(unsigned long long v, Sh
   return sh.red[0];
 }
 
-// A row-wide reduction of one value per block (op: sum or max), the same result in every block.
-template <bool kMax>
-__device__ unsigned long long across(const Ranks& rk, unsigned long long block_value, Shared& sh) {
+// Row-wide reductions of two values per block at once (a max of `mx`, a sum of `sm`), the same results
+// in every block: one exchange, two cluster barriers.
+struct MaxSum {
+  unsigned long long mx, sm;
+};
+__device__ MaxSum across(const Ranks& rk, MaxSum block_value, Shared& sh) {
   if (rk.n == 1) return block_value;
-  if (threadIdx.x == 0) sh.part = block_value;
+  if (threadIdx.x == 0) {
+    sh.part = block_value.mx;
+    sh.part2 = block_value.sm;
+  }
   rk.sync();
   if (threadIdx.x < 32) {
-    unsigned long long v = threadIdx.x < unsigned(rk.n) ? *rk.at(&sh.part, int(threadIdx.x)) : 0ull;
+    const bool in = threadIdx.x < unsigned(rk.n);
+    unsigned long long m = in ? *rk.at(&sh.part, int(threadIdx.x)) : 0ull;
+    unsigned long long s = in ? *rk.at(&sh.part2, int(threadIdx.x)) : 0ull;
     for (int o = 16; o > 0; o >>= 1) {
-      const unsigned long long u = __shfl_xor_sync(0xffffffffu, v, o);
-      v = kMax ? max(v, u) : v + u;
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      s += __shfl_xor_sync(0xffffffffu, s, o);
     }
-    if (threadIdx.x == 0) sh.red[0] = v;
+    if (threadIdx.x == 0) {
+      sh.red[0] = m;
+      sh.red[1] = s;
+    }
   }
-  rk.sync();  // every block has read every part (and sh.red[0] is written) before any is reused
-  return sh.red[0];
+  rk.sync();  // every block has read every part (and sh.red is written) before any is reused
+  return {sh.red[0], sh.red[1]};
 }
 
-template <typename T>
-__device__ unsigned long long row_sum(const Row<T>& row, unsigned long long v, Shared& sh) {
-  return across<false>(row.ranks, block_sum(v, sh), sh);
+template <typename R>
+__device__ unsigned long long row_max(const R& row, unsigned long long v, Shared& sh) {
+  return across(row.ranks, MaxSum{block_max(v, sh), 0ull}, sh).mx;
 }
-template <typename T>
-__device__ unsigned long long row_max(const Row<T>& row, unsigned long long v, Shared& sh) {
-  return across<true>(row.ranks, block_max(v, sh), sh);
+
+// The row's histogram of digit [shift, top_bit) of the candidates >= lo whose digits above top_bit are
+// prefix's, into out_weight/out_count (the same bins in every block of the row). Counted
+// (weighted = false): every candidate counts 1. Weighted: its fixed-point weight, and only candidates
+// of nonzero weight are counted. With min_p > 0 (weighted) it also returns this thread's share of the
+// min-p cut (row_max of it is the row's): the highest candidate other than `best` whose weight is
+// below min_p.
+template <typename R>
+__device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t prefix, int top_bit, int shift,
+                                        bool weighted, float min_p, uint64_t best, Shared& sh,
+                                        unsigned long long* out_weight, unsigned int* out_count) {
+  const uint64_t digit_mask = (1ull << (top_bit - shift)) - 1;
+  sh.weight[threadIdx.x] = 0;
+  sh.count[threadIdx.x] = 0;
+  __syncthreads();
+  // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
+  // candidate on its own would serialise the threads on a handful of counters.
+  int run = -1;
+  unsigned long long run_weight = 0, cut = 0;
+  unsigned int run_count = 0;
+  row.for_each([&](uint32_t j, uint32_t slot) {
+    const uint32_t k = row.key_at(j, slot);
+    const uint64_t c = row.candidate(k, j);
+    // top_bit <= 63: the shift is defined, and every candidate matches at the first digit.
+    if (c < lo || (c >> top_bit) != (prefix >> top_bit)) return;
+    uint64_t w = 1;
+    if (weighted) {
+      const float wf = row.weight_of(k);  // the exp, only for candidates past the key filters
+      if (min_p > 0.0f && c != best && wf < min_p) cut = max(cut, (unsigned long long)c);
+      w = sp::fixed(wf);
+      if (w == 0) return;
+    }
+    const int d = int((c >> shift) & digit_mask);
+    if (d != run) {
+      if (run >= 0) {
+        if (weighted) atomicAdd(&sh.weight[run], run_weight);  // a counted selection reads only counts
+        atomicAdd(&sh.count[run], run_count);
+      }
+      run = d;
+      run_weight = 0;
+      run_count = 0;
+    }
+    run_weight += w;
+    ++run_count;
+  });
+  if (run >= 0) {
+    if (weighted) atomicAdd(&sh.weight[run], run_weight);
+    atomicAdd(&sh.count[run], run_count);
+  }
+  // The row's histogram: every block sums all blocks' bins (the same sums in every block). The loads
+  // of the other blocks' bins are independent: unrolled by 8 to have several in flight (by 16, ptxas
+  // spilled more).
+  const Ranks& rk = row.ranks;
+  rk.sync();
+  {
+    const int b = threadIdx.x;
+    unsigned long long w = 0;
+    unsigned int n = 0;
+#pragma unroll 8
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r < rk.n) {
+        w += rk.at(sh.weight, r)[b];
+        n += rk.at(sh.count, r)[b];
+      }
+    }
+    out_weight[b] = w;
+    out_count[b] = n;
+  }
+  rk.sync();  // no block clears its bins for the next digit while another still reads them
+  return cut;
 }
 
 struct Selected {
@@ -161,73 +316,108 @@ struct Selected {
   int shift;       // bits of bound below the resolved digits (0: the element itself; 64: target unreachable)
 };
 
+// Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
+// selection those of nonzero weight) holds n <= kGather of them, rather than resolving its remaining
+// digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
+// would go down to the ids' last digit). Every block gathers its members, copies all blocks' lists and
+// finds the one at which the running count or weight within the bucket, from its highest, reaches
+// rest (1 <= rest <= the bucket's count or weight): the same candidate in every block. `above` is
+// what the candidates above the bucket weigh. Returns false, changing nothing, should the members
+// found not be the n counted (never expected: the caller then resolves digits as before).
+template <typename R>
+__device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
+                       unsigned int n, bool weighted, Shared& sh, Selected& out) {
+  if (threadIdx.x == 0) sh.own_n = 0;
+  __syncthreads();
+  row.for_each([&](uint32_t j, uint32_t slot) {
+    const uint32_t k = row.key_at(j, slot);
+    const uint64_t c = row.candidate(k, j);
+    if (c < lo || (c >> shift) != (prefix >> shift)) return;
+    uint64_t w = 1;
+    if (weighted) {
+      w = sp::fixed(row.weight_of(k));
+      if (w == 0) return;
+    }
+    const unsigned int i = atomicAdd(&sh.own_n, 1u);
+    if (i < unsigned(kGather)) {
+      sh.own_c[i] = c;
+      sh.own_w[i] = w;
+    }
+  });
+  const Ranks& rk = row.ranks;
+  rk.sync();
+  // Warp 0: each block's count (clamped to its list) and where its entries go in the row's list.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), unsigned(kGather)) : 0u;
+    unsigned int incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane < kMaxRanks) {
+      sh.gather_n[lane] = mine;
+      sh.gather_off[lane] = incl - mine;
+    }
+    if (lane == 31) sh.gather_total = incl;
+  }
+  __syncthreads();
+  {
+    const int r = int(threadIdx.x) / kGather, i = int(threadIdx.x) % kGather;
+    if (r < rk.n && unsigned(i) < sh.gather_n[r] && sh.gather_total <= unsigned(kGather)) {
+      const unsigned int at = sh.gather_off[r] + unsigned(i);
+      sh.all_c[at] = rk.at(sh.own_c, r)[i];
+      sh.all_w[at] = rk.at(sh.own_w, r)[i];
+    }
+  }
+  rk.sync();  // every block has copied every list before any list is rebuilt or its block exits
+  const unsigned int total = sh.gather_total;
+  if (total != n) return false;  // the same in every block
+  if (threadIdx.x == 0) sh.pick_c = 0;
+  __syncthreads();
+  // Thread t holds entry t: what the entries above it weigh (count) decides whether it is the one.
+  if (threadIdx.x < total) {
+    const uint64_t c = sh.all_c[threadIdx.x], w = sh.all_w[threadIdx.x];
+    uint64_t before = 0;
+    for (unsigned int u = 0; u < total; ++u)
+      if (sh.all_c[u] > c) before += sh.all_w[u];
+    if (before < rest && rest <= before + w) {  // exactly one entry: the running sums partition (0, all]
+      sh.pick_c = c;
+      sh.pick_mass = before + w;
+    }
+  }
+  __syncthreads();
+  const uint64_t c = sh.pick_c, mass = sh.pick_mass;
+  if (c == 0) return false;  // not reached: rest is within the bucket
+  out = {c, above + mass, 0};
+  return true;
+}
+
 // Among the candidates with key >= lo, in descending order, finds the first at which the running
 // count (weighted = false) or running fixed-point weight (weighted = true) reaches target; the caller
 // guarantees 1 <= target <= that set's count or weight. Digits are resolved from the top until the
 // bucket holding it is settled: a counted selection stops when the whole bucket is needed, a weighted
 // one when the bucket holds a single candidate of nonzero weight (the others in it weigh nothing, so
-// taking them along changes no sum and no draw).
-template <typename T>
-__device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool weighted, Shared& sh) {
+// taking them along changes no sum and no draw). With use_first (weighted, for this lo) the first
+// digit's histogram is sh.first_*, already built.
+template <typename R>
+__device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weighted, bool use_first,
+                           Shared& sh) {
   uint64_t prefix = 0, above = 0;
-  for (int top_bit = 64;;) {
+  for (int top_bit = row.bits();;) {
     const int width = min(kDigitBits, top_bit);
     const int shift = top_bit - width;
-    const uint64_t digit_mask = (1ull << width) - 1;
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      sh.weight[b] = 0;
-      sh.count[b] = 0;
+    const unsigned long long* hw = sh.first_weight;
+    const unsigned int* hc = sh.first_count;
+    if (!use_first || top_bit != row.bits()) {
+      histogram(row, lo, prefix, top_bit, shift, weighted, 0.0f, 0, sh, sh.merged_weight, sh.merged_count);
+      hw = sh.merged_weight;
+      hc = sh.merged_count;
     }
-    __syncthreads();
-    // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
-    // candidate on its own would serialise the threads on a handful of counters.
-    int run = -1;
-    unsigned long long run_weight = 0;
-    unsigned int run_count = 0;
-    for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
-      const float s = row.score_at(j);
-      const uint64_t c = sp::composite(sp::order_key(s), j);
-      if (c < lo || (top_bit < 64 && (c >> top_bit) != (prefix >> top_bit))) continue;
-      uint64_t w = 1;
-      if (weighted) {
-        w = sp::fixed(sp::weight(s, row.top));
-        if (w == 0) continue;
-      }
-      const int d = int((c >> shift) & digit_mask);
-      if (d != run) {
-        if (run >= 0) {
-          atomicAdd(&sh.weight[run], run_weight);
-          atomicAdd(&sh.count[run], run_count);
-        }
-        run = d;
-        run_weight = 0;
-        run_count = 0;
-      }
-      run_weight += w;
-      ++run_count;
-    }
-    if (run >= 0) {
-      atomicAdd(&sh.weight[run], run_weight);
-      atomicAdd(&sh.count[run], run_count);
-    }
-    // The row's histogram: every block sums all blocks' bins (the same sums in every block).
-    const Ranks& rk = row.ranks;
-    rk.sync();
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      unsigned long long w = 0;
-      unsigned int n = 0;
-      for (int r = 0; r < rk.n; ++r) {
-        w += rk.at(sh.weight, r)[b];
-        n += rk.at(sh.count, r)[b];
-      }
-      sh.merged_weight[b] = w;
-      sh.merged_count[b] = n;
-    }
-    rk.sync();  // no block clears its bins for the next digit while another still reads them
     // Warp 0 walks the digits from the highest: lane L holds kBinsPerLane digits from kBins-1-L*kBinsPerLane down.
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
-      auto value = [&](int d) -> uint64_t { return weighted ? sh.merged_weight[d] : sh.merged_count[d]; };
+      auto value = [&](int d) -> uint64_t { return weighted ? hw[d] : hc[d]; };
       uint64_t sum = 0;
       for (int i = 0; i < kBinsPerLane; ++i) sum += value(kBins - 1 - lane * kBinsPerLane - i);
       uint64_t incl = sum;
@@ -251,128 +441,140 @@ __device__ Selected select(const Row<T>& row, uint64_t lo, uint64_t target, bool
     const int d = sh.pick_digit;
     if (d < 0) return {lo, 0, 64};
     const uint64_t rest = sh.pick_rest;
-    const uint64_t bucket_weight = sh.merged_weight[d];
-    const unsigned int bucket_count = sh.merged_count[d];
-    __syncthreads();  // every thread has read the bins before the next level clears them
+    const uint64_t bucket_weight = hw[d];
+    const unsigned int bucket_count = hc[d];
+    __syncthreads();  // every thread has read the bins before the next level rebuilds them
     above += target - rest;
     target = rest;
     prefix |= uint64_t(d) << shift;
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
+    Selected small;
+    if (bucket_count <= unsigned(kGather) && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, sh, small))
+      return small;
     top_bit = shift;
   }
 }
 
 // The token of a weighted selection: the bound itself when resolved to the last bit, otherwise the one
 // candidate of nonzero weight under it.
-template <typename T>
-__device__ int32_t selected_token(const Row<T>& row, uint64_t lo, const Selected& sel, Shared& sh) {
-  if (sel.shift == 0) return sp::composite_id(sel.bound);
+template <typename R>
+__device__ int32_t selected_token(const R& row, uint64_t lo, const Selected& sel, Shared& sh) {
+  if (sel.shift == 0) return row.id_of(sel.bound);
   if (threadIdx.x == 0) sh.found = -1;
   __syncthreads();
-  for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
-    const float s = row.score_at(j);
-    const uint64_t c = sp::composite(sp::order_key(s), j);
-    if (c >= lo && (c >> sel.shift) == (sel.bound >> sel.shift) && sp::fixed(sp::weight(s, row.top)) != 0)
+  row.for_each([&](uint32_t j, uint32_t slot) {
+    const uint32_t k = row.key_at(j, slot);
+    const uint64_t c = row.candidate(k, j);
+    if (c >= lo && (c >> sel.shift) == (sel.bound >> sel.shift) && sp::fixed(row.weight_of(k)) != 0)
       sh.found = int(j);
-  }
+  });
   __syncthreads();
   // One block found it; the others hold -1 (stored + 1 so the max over blocks is it).
-  return int32_t(across<true>(row.ranks, (unsigned long long)(sh.found + 1), sh)) - 1;
+  return int32_t(across(row.ranks, MaxSum{(unsigned long long)(sh.found + 1), 0ull}, sh).mx) - 1;
+}
+
+// The sum of a row histogram's bins (the same bins, so the same sum, in every block).
+__device__ unsigned long long bins_sum(const unsigned long long* bins, Shared& sh) {
+  return block_sum(bins[threadIdx.x], sh);
 }
 
 // Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`.
-template <typename T>
-__device__ int32_t draw(const Row<T>& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh) {
+template <typename R>
+__device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh) {
   uint64_t lo = 0;
-  if (p.top_k > 0 && uint32_t(p.top_k) < row.vocab) lo = select(row, 0, uint64_t(p.top_k), false, sh).bound;
+  if (p.top_k > 0 && uint32_t(p.top_k) < row.vocab) lo = select(row, 0, uint64_t(p.top_k), false, false, sh).bound;
 
-  // The top-k set's total weight, and the min-p cut: the highest candidate after the top below min_p.
-  unsigned long long total = 0, cut = 0;
-  for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
-    const float s = row.score_at(j);
-    const uint64_t c = sp::composite(sp::order_key(s), j);
-    if (c < lo) continue;
-    const float w = sp::weight(s, row.top);
-    total += sp::fixed(w);
-    if (p.min_p > 0.0f && c != best && w < p.min_p) cut = max(cut, (unsigned long long)c);
-  }
-  total = row_sum(row, total, sh);
+  // The first digit's weighted histogram of the top-k set: its bins sum to the total, and the same
+  // pass finds the min-p cut (the highest candidate after the top below min_p).
+  const int top_bit = row.bits(), shift = top_bit - kDigitBits;
+  unsigned long long cut =
+      histogram(row, lo, 0, top_bit, shift, true, p.min_p, best, sh, sh.first_weight, sh.first_count);
+  const uint64_t total = bins_sum(sh.first_weight, sh);
   uint64_t mass = total;
   if (p.min_p > 0.0f) {
     cut = row_max(row, cut, sh);
     if (cut != 0) {
+      // The kept set shrank: its first digit again (the weights of what is kept are unchanged).
       lo = max(lo, uint64_t(cut) + 1);
-      unsigned long long kept = 0;
-      for (uint32_t j = row.ranks.first(threadIdx.x); j < row.vocab; j += row.ranks.stride()) {
-        const float s = row.score_at(j);
-        if (sp::composite(sp::order_key(s), j) >= lo) kept += sp::fixed(sp::weight(s, row.top));
-      }
-      mass = row_sum(row, kept, sh);
+      histogram(row, lo, 0, top_bit, shift, true, 0.0f, 0, sh, sh.first_weight, sh.first_count);
+      mass = bins_sum(sh.first_weight, sh);
     }
   }
   if (p.top_p < 1.0f) {
     const uint64_t target = sp::top_p_target(p.top_p, total);
     if (target >= 1 && target <= mass) {
-      const Selected sel = select(row, lo, target, true, sh);
-      if (sel.shift < 64) {
-        lo = max(lo, sel.bound);
-        mass = sel.mass;
-      }
+      const Selected sel = select(row, lo, target, true, true, sh);
+      if (sel.shift < 64) mass = sel.mass;  // the prefix kept: the candidates >= max(lo, sel.bound)
     }
   }
-  if (mass == 0) return sp::composite_id(best);
+  if (mass == 0) return row.id_of(best);
   const uint64_t r = sp::mulhi64(sp::random_bits(p.seed, step), mass);
-  const Selected sel = select(row, lo, r + 1, true, sh);
-  if (sel.shift >= 64) return sp::composite_id(best);  // not reached: r < mass
+  // Over all the candidates >= lo, not only top-p's prefix: r + 1 <= the prefix's mass, so the running
+  // weight reaches it inside the prefix, where the two sets' running weights agree; the same token,
+  // from the first-digit histogram already built.
+  const Selected sel = select(row, lo, r + 1, true, true, sh);
+  if (sel.shift >= 64) return row.id_of(best);  // not reached: r < mass
   return selected_token(row, lo, sel, sh);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
+// kCache: the launch gave each block a key cache of a slot per logit it owns (dynamic shared memory).
+// 1 block per SM is stated so that ptxas may use 64 registers (it otherwise kept to 32 and spilled).
+template <typename T, bool kCache>
+__global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   pdl_wait();
   pdl_trigger();
   __shared__ Shared sh;
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
   const Ranks rk = Ranks::here();
   const int r = int(blockIdx.x) / rk.n;
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
   uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
-  Row<T> row;
+  Row<T, kCache> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
   int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
+  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
   row.penalty = p.repetition_penalty;
   row.frequency = p.frequency_penalty;
   row.presence = p.presence_penalty;
   row.inv_temp = sp::inverse_temperature(p.temperature);
   row.vocab = a.vocab;
+  row.id_bits = a.id_bits;
+  row.id_mask = (1u << a.id_bits) - 1u;
   row.top = 0.0f;
   row.ranks = rk;
 
+  // The one pass over global memory: the row's validity, its top candidate, and the key cache.
   unsigned long long best = 0;
   bool poisoned = false, any_finite = false;
-  for (uint32_t j = rk.first(threadIdx.x); j < row.vocab; j += rk.stride()) {
-    const float l = to_f(row.logits[j]);
+  row.for_each_logit([&](float l, uint32_t j, uint32_t slot) {
     poisoned |= sp::poisons_row(l);
     any_finite |= sp::is_finite(l);
-    best = max(best, (unsigned long long)sp::composite(sp::order_key(row.score_at(j)), j));
-  }
+    const uint32_t k = sp::order_key(row.score(l, j));
+    if constexpr (kCache) row.keys[slot] = k;
+    best = max(best, (unsigned long long)row.candidate(k, j));
+  });
+  // Validity as a sum of per-block flags: poisoned blocks in the high half, blocks with a finite logit
+  // in the low half (at most 16 each), reduced together with the top.
+  const bool block_poisoned = __syncthreads_or(poisoned) != 0;
+  const bool block_finite = __syncthreads_or(any_finite) != 0;
+  const MaxSum m = across(
+      rk, MaxSum{block_max(best, sh), (block_poisoned ? 1ull << 32 : 0ull) | (block_finite ? 1ull : 0ull)}, sh);
   // A row with a NaN or +inf logit, or none finite, has no pick (backend/sampling.h); the counter
   // still advances.
-  const bool row_poisoned = across<true>(rk, __syncthreads_or(poisoned) ? 1ull : 0ull, sh) != 0;
-  const bool row_finite = across<true>(rk, __syncthreads_or(any_finite) ? 1ull : 0ull, sh) != 0;
-  if (row_poisoned || !row_finite) {
+  if ((m.sm >> 32) != 0 || (m.sm & 0xffffffffull) == 0) {
     if (rk.rank == 0 && threadIdx.x == 0) {
       a.out[r] = sp::kNoToken;
       a.st.step[sr] = step + 1;
     }
     return;
   }
-  best = row_max(row, best, sh);
-  int32_t pick = sp::composite_id(best);
+  best = m.mx;
+  int32_t pick = row.id_of(best);
   if (p.temperature > 0.0f) {
     row.top = row.score_at(uint32_t(pick));
     pick = draw(row, p, step, best, sh);
@@ -387,21 +589,53 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
 }
 
-// The most blocks a row may share on this process's GPUs (assumed alike): 1 before Hopper; else the
-// largest cluster of kMaxRanks, 8, 4 or 2 blocks the kernel can be resident with.
+// Per dtype, once per process (its GPUs assumed alike): the most blocks a row may share, and the
+// dynamic shared memory a block may take for its key cache.
+struct Limits {
+  int max_ranks;       // 1 before Hopper; else the largest cluster of kMaxRanks, 8, 4 or 2 blocks that fits
+  size_t cache_bytes;  // the opt-in maximum per block less the static Shared (0: no cache)
+};
+
+// INGOT_CUDA_SAMPLE_CACHE=0 turns the key cache off (A/B measurements; the picks are the same).
+bool cache_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("INGOT_CUDA_SAMPLE_CACHE");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <typename T>
-int max_ranks() {
-  static const int v = [] {
-    int dev = 0, major = 0;
+const Limits& limits() {
+  static const Limits v = [] {
+    Limits l{1, 0};
+    int dev = 0, major = 0, optin = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    if (major < 9) return 1;
-    check(cudaFuncSetAttribute(sample_kernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    cudaFuncAttributes fa{};
+    check(cudaFuncGetAttributes(&fa, sample_kernel<T, true>), "sample_kernel attributes");
+    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
+      const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
+      if (cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) ==
+          cudaSuccess)
+        l.cache_bytes = bytes;
+      else
+        cudaGetLastError();  // refused: the passes recompute, as without a cache
+    }
+    if (major < 9) return l;
+    check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
+    check(cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+          "sample_kernel cluster size");
+    // Asked of the cached kernel with the largest cache a launch may take (a cluster resident so is
+    // resident without it); 64 registers per thread already leave one 1024-thread block per SM, so the
+    // cache costs no residency.
     for (int c = kMaxRanks; c > 1; c /= 2) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(c));
       cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = l.cache_bytes;
       cudaLaunchAttribute at[1];
       at[0].id = cudaLaunchAttributeClusterDimension;
       at[0].val.clusterDim.x = unsigned(c);
@@ -409,24 +643,44 @@ int max_ranks() {
       cfg.attrs = at;
       cfg.numAttrs = 1;
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel<T>, &cfg) == cudaSuccess && n > 0) return c;
+      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel<T, true>, &cfg) == cudaSuccess && n > 0) {
+        l.max_ranks = c;
+        return l;
+      }
       cudaGetLastError();  // a size the device refuses: try the next
     }
-    return 1;
+    return l;
   }();
   return v;
 }
 
+// The key cache of one block of a row shared by `ranks` blocks: a slot per logit it owns (the slots
+// of its last stride are all allocated).
+size_t cache_bytes_for(int64_t vocab, int ranks) {
+  const int64_t stride = int64_t(ranks) * kThreads;
+  return size_t((vocab + stride - 1) / stride) * kThreads * sizeof(uint32_t);
+}
+
+struct Plan {
+  int ranks;
+  size_t cache_bytes;  // 0: no cache
+};
+
 // Blocks per row: as many as fill about two waves of the GPU's SMs, a power of two up to max_ranks
-// (a batch of rows already spreads over the SMs; a single row takes a whole cluster).
+// (a batch of rows already spreads over the SMs; a single row takes a whole cluster). When the slices
+// of that many do not fit the key cache, more blocks per row if up to max_ranks they do: the same work
+// in more, smaller blocks, each pass after the first then reading shared memory.
 template <typename T>
-int ranks_for(int64_t rows) {
+Plan plan_for(int64_t rows, int64_t vocab) {
   int dev = 0, sms = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  int c = max_ranks<T>();
+  const Limits& l = limits<T>();
+  int c = l.max_ranks;
   while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
-  return c;
+  for (int w = c; w <= l.max_ranks; w *= 2)
+    if (cache_bytes_for(vocab, w) <= l.cache_bytes) return {w, cache_bytes_for(vocab, w)};
+  return {c, 0};
 }
 
 }  // namespace
@@ -438,20 +692,23 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     throw Error("cuda backend: sample over a vocabulary of " + std::to_string(logits.cols) +
                 " tokens (1 to 2^31 - 1 supported)");
   if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
-  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), st, out};
+  uint32_t id_bits = 1;  // the bit width of the vocabulary size, so that every id is below the id mask
+  while (id_bits < 31 && (uint64_t(1) << id_bits) <= uint64_t(logits.cols)) ++id_bits;
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const int ranks = ranks_for<T>(logits.rows);
-    if (int64_t(ranks) * logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
+    const Plan plan = plan_for<T>(logits.rows, logits.cols);
+    if (int64_t(plan.ranks) * logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(int64_t(ranks) * logits.rows));
+    cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = plan.cache_bytes;
     cfg.stream = s;
     cudaLaunchAttribute at[2];
     int n = 0;
-    if (ranks > 1) {  // the row's blocks form one cluster
+    if (plan.ranks > 1) {  // the row's blocks form one cluster
       at[n].id = cudaLaunchAttributeClusterDimension;
-      at[n].val.clusterDim.x = unsigned(ranks);
+      at[n].val.clusterDim.x = unsigned(plan.ranks);
       at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
       ++n;
     }
@@ -462,7 +719,10 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     }
     cfg.attrs = at;
     cfg.numAttrs = unsigned(n);
-    check(cudaLaunchKernelEx(&cfg, sample_kernel<T>, a), "sample_kernel");
+    if (plan.cache_bytes > 0)
+      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, true>, a), "sample_kernel");
+    else
+      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, false>, a), "sample_kernel");
   });
 }
 
