@@ -20,13 +20,10 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/mapped_file.h"
+#include "core/revision.h"
 #include "io/safetensors.h"
 #include "models/family.h"
 #include "models/state_layout.h"
-
-#ifndef INGOT_GIT_REVISION
-#define INGOT_GIT_REVISION "unknown"
-#endif
 
 namespace ingot {
 namespace fs = std::filesystem;
@@ -469,7 +466,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
     hashes[i] = XXH64(order[i].second->data(), order[i].second->nbytes(), 0);
 
   json m;
-  m["tool"] = {{"name", "ingot"}, {"version", INGOT_VERSION}, {"git_revision", INGOT_GIT_REVISION}};
+  m["tool"] = {{"name", "ingot"}, {"version", INGOT_VERSION}, {"git_revision", git_revision()}};
   m["architecture"] = spec_to_json(s);
   m["weights"] = {{"dtype", std::string(dtype_name(eng.weight_dtype))},
                   {"quantization", quant_json(eng.quant ? &*eng.quant : nullptr, eng.weight_dtype)},
