@@ -332,6 +332,8 @@ void add_bench(CLI::App& app) {
       results.push_back(r);
       if (!a->json && rt.tp > 1)
         std::printf("tp %d: the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp);
+      // A sweep names each line's prompt length; a single length keeps the line as it always was.
+      if (!a->json && prompt_lens.size() > 1) std::printf("prompt %6d  ", prompt_len);
       if (!a->json)
         std::printf("batch %3d  ttft %9.2f ms  prefill %10.1f tok/s  decode %9.2f tok/s/seq  %10.2f tok/s total  "
                     "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",
