@@ -110,11 +110,13 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->add_option("--svg", a->svg,
                   "write an SVG of decode tok/s against batch size and against prompt length, with the "
-                  "copy-bandwidth ceiling where the backend measures it and the --peer points");
+                  "copy-bandwidth ceiling where the backend measures it and the --peer points")
+      ->type_name("FILE");
   cmd->add_option("--peer", a->peers,
                   "JSON of another engine's points for --svg (repeatable): an array of objects "
                   "{\"name\": \"transformers\", \"batch\": 1, \"prompt_len\": 128, \"decode_tok_s\": 133.6}, "
-                  "or one such object per line (bench/peer_hf.py's output, its \"engine\" and \"mode\" as the name)");
+                  "or one such object per line (bench/peer_hf.py's output, its \"engine\" and \"mode\" as the name)")
+      ->type_name("FILE");
   cmd->add_flag("--force", a->force, "replace the --svg file if it exists (never an input)");
   cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");
   cmd->add_option("--top-k", a->sampling.top_k, "top-k of the sampled decode steps (0 = off)");
