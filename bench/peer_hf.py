@@ -2,7 +2,8 @@
 """The peer for `ingot bench`: transformers on the same shapes (a config.json, random weights), bf16,
 same prompt length, new tokens and batch sizes, eager and with its static cache (which transformers
 compiles with torch.compile during generate). Prints one JSON line per (mode, batch) with time to
-first token and decode tokens/s, plus one line with the bf16 matrix rate measured on this card.
+first token and decode tokens/s, plus one line with the bf16 matrix rate measured on this card. That
+output, saved to a file, is what `ingot bench --svg OUT --peer FILE` reads to draw these points.
 
 Usage: python3 bench/peer_hf.py --config bench/shapes/qwen3-8b.json [--batch 1,64] [--compile-batch 1]
 """

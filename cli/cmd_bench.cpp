@@ -2,17 +2,23 @@
 // on random weights of a config.json's shapes. A batch of B is B concurrent requests through the
 // Generator (the path every command and the server take), so the figures include its scheduling.
 // EOS is ignored so every run has the same length. Decode steps take the argmax, or sample on the
-// device when sampling flags are given.
+// device when sampling flags are given. --prompt-len and --batch take lists: every batch size runs at
+// every prompt length. --svg draws the results (bench_svg.h).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
+#include "bench_svg.h"
 #include "common.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "options.h"
 #include "progress.h"
 #include "runtime/generator.h"
@@ -31,6 +37,49 @@ void progress(const char* what, int done, int total) {
                total);
   if (done == total) std::fprintf(stderr, "\r%*s\r", 70, "");
 }
+
+// --prompt-len's list: "128" or "128,1024,8192", each at least 1, with messages naming the flag.
+std::vector<int> parse_prompt_lens(const std::string& csv) {
+  std::vector<int> out;
+  std::stringstream ss(csv);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    long long v = 0;
+    size_t used = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw Error("--prompt-len: '" + item + "' is not an integer (expected lengths separated by commas)");
+    if (v < 1) throw Error("--prompt-len: must be at least 1 (got " + item + ")");
+    if (v > INT32_MAX) throw Error("--prompt-len: " + item + " is too large");
+    out.push_back(int(v));
+  }
+  if (out.empty()) throw Error("--prompt-len names no length");
+  return out;
+}
+
+// The source's name for the picture's title: the config's or engine file's stem, the model folder's name.
+std::string source_label(const std::string& model_dir, const std::string& engine, const std::string& config) {
+  namespace fs = std::filesystem;
+  if (!config.empty()) return fs::path(config).stem().string();
+  if (!engine.empty()) return fs::path(engine).filename().string();
+  fs::path d = fs::path(model_dir).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  return d.filename().string();
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%d", &tm);
+  return b;
+}
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -38,9 +87,13 @@ void add_bench(CLI::App& app) {
   struct Args {
     ModelArgs model;
     std::string config;
-    int prompt_len = 128, new_tokens = 256;
+    int new_tokens = 256;
+    std::string prompt_lens = "128";  // comma-separated, like --batch
     std::string batches = "1";
     bool json = false;
+    std::string svg;                 // --svg FILE
+    std::vector<std::string> peers;  // --peer FILE, repeatable
+    bool force = false;
     uint64_t seed = 0;
     SamplingParams sampling;  // greedy unless set: the decode steps then sample on the device
   };
@@ -48,11 +101,23 @@ void add_bench(CLI::App& app) {
   a->model.add_to(*cmd);
   a->model.add_tp_option(*cmd);
   cmd->add_option("--config", a->config, "config.json: benchmark its shapes with random weights (no checkpoint)");
-  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->check(at_least(1));
+  cmd->add_option("--prompt-len", a->prompt_lens,
+                  "prompt tokens; comma-separated lengths run every batch size at each (a context sweep)")
+      ->capture_default_str();
   cmd->add_option("--max-new-tokens,--new-tokens", a->new_tokens, "generated tokens (--new-tokens: the older spelling)")
       ->check(at_least(1));
   cmd->add_option("--batch", a->batches, "comma-separated batch sizes");
   cmd->add_flag("--json", a->json, "print JSON");
+  cmd->add_option("--svg", a->svg,
+                  "write an SVG of decode tok/s against batch size and against prompt length, with the "
+                  "copy-bandwidth ceiling where the backend measures it and the --peer points")
+      ->type_name("FILE");
+  cmd->add_option("--peer", a->peers,
+                  "JSON of another engine's points for --svg (repeatable): an array of objects "
+                  "{\"name\": \"transformers\", \"batch\": 1, \"prompt_len\": 128, \"decode_tok_s\": 133.6}, "
+                  "or one such object per line (bench/peer_hf.py's output, its \"engine\" and \"mode\" as the name)")
+      ->type_name("FILE");
+  cmd->add_flag("--force", a->force, "replace the --svg file if it exists (never an input)");
   cmd->add_option("--temperature", a->sampling.temperature, "sample the decode steps at this temperature (0 = greedy)");
   cmd->add_option("--top-k", a->sampling.top_k, "top-k of the sampled decode steps (0 = off)");
   cmd->add_option("--top-p", a->sampling.top_p, "top-p of the sampled decode steps (1 = off)");
@@ -66,6 +131,22 @@ void add_bench(CLI::App& app) {
     if (sources != 1) throw Error("bench: give exactly one of --model, --engine or --config");
     a->sampling.validate();
     a->model.check_tp();
+    const std::vector<int> prompt_lens = parse_prompt_lens(a->prompt_lens);
+    if (!a->peers.empty() && a->svg.empty()) throw Error("bench: --peer draws into the picture; give --svg FILE too");
+    // The picture's file and the peers' points are checked before anything is loaded or run: a bad
+    // path found after minutes of benchmarking would lose the run.
+    std::vector<PeerPoint> peer_points;
+    if (!a->svg.empty()) {
+      std::vector<std::string> inputs = model_inputs(a->model);
+      for (const std::string* in : {&a->config, &a->model.calibration, &a->model.calibration_ids})
+        if (!in->empty()) inputs.push_back(*in);
+      inputs.insert(inputs.end(), a->peers.begin(), a->peers.end());
+      check_output_path(a->svg, "--svg", a->force, inputs);
+      for (const std::string& p : a->peers) {
+        const std::vector<PeerPoint> pts = parse_peers(read_file(p), p);
+        peer_points.insert(peer_points.end(), pts.begin(), pts.end());
+      }
+    }
     // Everything a run will ask for is checked before the engine is built, generated or verified.
     LoadSpec ls;
     ls.model_dir = a->model.model_dir;
@@ -84,23 +165,33 @@ void add_bench(CLI::App& app) {
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();
     LoadPlan plan(ls);
-    const int64_t slots = State::slots_needed(a->prompt_len, a->new_tokens);
-    if (slots > plan.spec().max_position)
-      throw Error("bench: --prompt-len " + std::to_string(a->prompt_len) + " + --max-new-tokens " +
-                  std::to_string(a->new_tokens) + " need " + std::to_string(slots) +
-                  " positions, beyond the model's max_position_embeddings of " + std::to_string(plan.spec().max_position));
+    for (int prompt_len : prompt_lens) {
+      const int64_t slots = State::slots_needed(prompt_len, a->new_tokens);
+      if (slots > plan.spec().max_position)
+        throw Error("bench: --prompt-len " + std::to_string(prompt_len) + " + --max-new-tokens " +
+                    std::to_string(a->new_tokens) + " need " + std::to_string(slots) +
+                    " positions, beyond the model's max_position_embeddings of " +
+                    std::to_string(plan.spec().max_position));
+    }
     const std::vector<int> batches = parse_int_list(a->batches);
     if (batches.empty()) throw Error("bench: --batch names no batch size");
-    std::vector<RuntimeOptions> runs;
+    // Every batch size at every prompt length, batch-major (one prompt length: the runs as before).
+    struct Run {
+      RuntimeOptions rt;
+      int prompt_len;
+    };
+    std::vector<Run> runs;
     for (int B : batches) {
       if (B < 1) throw Error("bench: batch sizes must be positive");
-      RuntimeOptions rt;
-      rt.max_batch = B;
-      rt.capacity = slots;
-      rt.tp = a->model.tp;
-      // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
-      rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * a->prompt_len, 8192));
-      runs.push_back(plan.fit(rt));
+      for (int prompt_len : prompt_lens) {
+        RuntimeOptions rt;
+        rt.max_batch = B;
+        rt.capacity = State::slots_needed(prompt_len, a->new_tokens);
+        rt.tp = a->model.tp;
+        // Prefill goes in chunks of at most 8192 tokens; a decode step carries one token per row.
+        rt.max_tokens = std::max<int64_t>(B, std::min<int64_t>(int64_t(B) * prompt_len, 8192));
+        runs.push_back({plan.fit(rt), prompt_len});
+      }
     }
 
     Loaded l = Loaded::weights(std::move(plan));  // engine file: map + verify; otherwise the build
@@ -110,7 +201,9 @@ void add_bench(CLI::App& app) {
     nlohmann::json results = nlohmann::json::array();
     const double copy_gbs = backend->copy_bandwidth_gbs();
     std::mt19937 rng(1234);
-    for (const RuntimeOptions& rt : runs) {
+    for (const Run& run_spec : runs) {
+      const RuntimeOptions& rt = run_spec.rt;
+      const int prompt_len = run_spec.prompt_len;
       const int B = rt.max_batch;
       const auto t_model = Clock::now();
       Model m(*engine, *backend, rt);
@@ -120,7 +213,7 @@ void add_bench(CLI::App& app) {
       auto random_prompts = [&] {
         std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
         for (auto& p : prompts)
-          for (int i = 0; i < a->prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
+          for (int i = 0; i < prompt_len; ++i) p.push_back(int32_t(rng() % uint32_t(s.vocab)));
         return prompts;
       };
       // B concurrent requests through the Generator, all submitted at once. The prefill phase lasts
@@ -190,7 +283,7 @@ void add_bench(CLI::App& app) {
       nlohmann::json r = {{"batch", B},
                           {"device", backend->name()},
                           {"dtype", std::string(dtype_name(engine->weight_dtype))},
-                          {"prompt_len", a->prompt_len},
+                          {"prompt_len", prompt_len},
                           {"new_tokens", a->new_tokens},
                           {"sampling", {{"temperature", a->sampling.temperature},
                                         {"top_k", a->sampling.top_k},
@@ -198,7 +291,7 @@ void add_bench(CLI::App& app) {
                                         {"min_p", a->sampling.min_p},
                                         {"repetition_penalty", a->sampling.repetition_penalty}}},
                           {"ttft_ms", t.prefill_s * 1e3},
-                          {"prefill_tok_s", double(B) * a->prompt_len / t.prefill_s},
+                          {"prefill_tok_s", double(B) * prompt_len / t.prefill_s},
                           {"decode_tok_s_per_seq", decode_tok_s / B},
                           {"decode_tok_s", decode_tok_s},
                           {"weight_bytes", m.weight_bytes()},
@@ -212,7 +305,7 @@ void add_bench(CLI::App& app) {
       // at the mean length over the run. Against the copy bandwidth this gives the floor's share.
       const double es = double(dtype_size(engine->weight_dtype));
       const double embed = s.tie_embeddings ? 0.0 : double(s.vocab) * double(s.hidden) * es;
-      const double mean_ctx = a->prompt_len + (steps - 1) / 2.0;
+      const double mean_ctx = prompt_len + (steps - 1) / 2.0;
       // Only attention layers keep K/V; each linear-attention layer reads and writes its rows' f32
       // conv and recurrent state once per step.
       const int64_t attention_layers = s.layers_of(LayerKind::Attention);
@@ -225,9 +318,15 @@ void add_bench(CLI::App& app) {
       r["decode_kv_bytes_per_step"] = kv;
       r["decode_state_bytes_per_step"] = 2.0 * state;  // read and written
       r["decode_gbs"] = t.decode_tokens > 0 ? step_bytes * (double(t.decode_tokens) / B) / t.decode_s / 1e9 : 0.0;
+      r["decode_mean_context"] = mean_ctx;  // tokens per row, the KV length the bytes above are taken at
       if (copy_gbs > 0) {
         r["copy_bandwidth_gbs"] = copy_gbs;
         r["bandwidth_pct"] = r["decode_gbs"].get<double>() / copy_gbs * 100.0;
+        // The rate if every step only streamed its bytes at the copy bandwidth: B tokens per
+        // step_bytes / (copy_gbs * 1e9) seconds (tok/s, aggregate over the batch).
+        const double ceiling = double(B) * copy_gbs * 1e9 / step_bytes;
+        r["ceiling_tok_s"] = ceiling;
+        r["of_ceiling"] = decode_tok_s / ceiling;
       }
       // With --tp the weight, cache and workspace figures (and the bytes per step built on them) are
       // rank 0's share.
@@ -235,6 +334,8 @@ void add_bench(CLI::App& app) {
       results.push_back(r);
       if (!a->json && rt.tp > 1)
         std::printf("tp %d: the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp);
+      // A sweep names each line's prompt length; a single length keeps the line as it always was.
+      if (!a->json && prompt_lens.size() > 1) std::printf("prompt %6d  ", prompt_len);
       if (!a->json)
         std::printf("batch %3d  ttft %9.2f ms  prefill %10.1f tok/s  decode %9.2f tok/s/seq  %10.2f tok/s total  "
                     "(weights %.1f MB, cache %.1f MB, workspace %.1f MB)\n",
@@ -251,6 +352,36 @@ void add_bench(CLI::App& app) {
       std::fflush(stdout);
     }
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
+    if (!a->svg.empty()) {
+      const std::string device = results.empty() ? backend->name() : results[0]["device"].get<std::string>();
+      const std::string dtype = std::string(dtype_name(engine->weight_dtype));
+      char shape[160];
+      std::snprintf(shape, sizeof shape, "hidden %lld, %lld layers, vocab %lld", (long long)s.hidden,
+                    (long long)s.layers, (long long)s.vocab);
+      const std::string title = "ingot bench: " +
+                                source_label(a->model.model_dir, a->model.engine_path, a->config) + " (" + shape +
+                                "), " + dtype + ", " + device + ", " + utc_date();
+      std::vector<std::string> notes;
+      notes.push_back(std::to_string(a->new_tokens) + " new tokens per request after a random prompt; " +
+                      (a->sampling.greedy() ? "greedy" : "sampled") + " decode; EOS ignored" +
+                      (a->model.tp > 1 ? "; tp " + std::to_string(a->model.tp) : ""));
+      if (copy_gbs > 0) {
+        char b[256];
+        std::snprintf(b, sizeof b,
+                      "dashed: ceiling = batch x %.0f GB/s (measured copy bandwidth) / bytes a decode step reads "
+                      "(weights + each row's KV cache at its mean context)",
+                      copy_gbs);
+        notes.push_back(b);
+      } else {
+        notes.push_back("no ceiling drawn: the " + device + " backend does not measure its copy bandwidth");
+      }
+      if (!peer_points.empty()) notes.push_back("diamonds: peers' points from --peer, as given");
+      const std::string svg = render_svg(bench_figure(results, peer_points, title, notes));
+      OutputFile out(a->svg);
+      out.write(svg.data(), svg.size());
+      out.commit();
+      if (!a->json) std::printf("wrote %s\n", a->svg.c_str());
+    }
   });
 }
 
