@@ -206,7 +206,8 @@ void add_bench(CLI::App& app) {
       const int prompt_len = run_spec.prompt_len;
       const int B = rt.max_batch;
       const auto t_model = Clock::now();
-      Model m(*engine, *backend, rt);
+      const std::unique_ptr<Model> model = l.make_model(rt);  // over an engine directory's slices too
+      Model& m = *model;
       backend->synchronize();
       const double model_init_s = secs(t_model, Clock::now());  // weights onto the device, cache allocated
       Generator gen(m);

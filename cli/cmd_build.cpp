@@ -11,6 +11,8 @@
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
 #include "runtime/awq.h"
+#include "runtime/tp_engine_dir.h"
+#include "runtime/tp_split.h"
 #include "options.h"
 #include "progress.h"
 
@@ -51,7 +53,7 @@ void add_build(CLI::App& app) {
                                          "load and speed measurements without a checkpoint)")
       ->excludes(m);
   cmd->add_option("--seed", a->seed, "random weights' seed (with --config)");
-  cmd->add_option("-o,--output", a->output, "engine file to write")->required();
+  cmd->add_option("-o,--output", a->output, "engine file to write (with --tp N > 1: the directory to write)")->required();
   cmd->add_flag("--force", a->force, "replace the output file if it exists (never an input)");
   cmd->add_option("--dtype", a->dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's)")
       ->check(dtype_names());
@@ -64,21 +66,25 @@ void add_build(CLI::App& app) {
       ->check(CLI::IsMember({"heads_first", "flattened"}));
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   add_quantize_options(*cmd, a->quantize, a->group_size, a->calibration, a->calibration_ids, a->quantize_lm_head);
-  cmd->add_option("--tp", a->tp, "tensor-parallel ranks: per-rank engine files are not implemented yet (one engine "
-                                 "file runs at any --tp, split at load)")
+  cmd->add_option("--tp", a->tp, "tensor-parallel ranks: with N > 1, -o names a directory that gets one engine file "
+                                 "per rank and a manifest.json (docs/tensor-parallel.md)")
       ->check(at_least(1));
   cmd->callback([a] {
-    if (a->tp != 1)
-      throw Error("build --tp " + std::to_string(a->tp) + ": per-rank engine files are not implemented yet "
-                  "(docs/tensor-parallel.md); build one engine without --tp and run it with `--engine FILE --tp " +
-                  std::to_string(a->tp) + "`, which splits it at load");
     EngineBuildInfo info;
     BuildOptions bo;
     if (!a->dtype.empty()) bo.dtype = info.requested_dtype = parse_dtype(a->dtype);
     if (a->model_dir.empty() == a->config.empty()) throw Error("build: give exactly one of --model DIR or --config FILE");
-    check_output_path(a->output, "-o", a->force,
-                      a->config.empty() ? checkpoint_files(a->model_dir) : std::vector<std::string>{a->config});
+    const std::vector<std::string> inputs =
+        a->config.empty() ? checkpoint_files(a->model_dir) : std::vector<std::string>{a->config};
     const ModelSpec spec = a->config.empty() ? load_model_spec(a->model_dir) : load_config_file(a->config);
+    // The split is checked against the model before the output is touched or any weight is read.
+    if (a->tp != 1) {
+      check_tensor_parallel(spec, a->tp, "build --tp");
+      if (!a->quantize.empty()) throw Error("build --tp " + std::to_string(a->tp) + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+      check_engine_dir_output(a->output, a->tp, a->force, inputs);
+    } else {
+      check_output_path(a->output, "-o", a->force, inputs);
+    }
     const DType dt = a->config.empty() ? build_dtype(a->model_dir, spec, bo.dtype) : bo.dtype.value_or(DType::BF16);
     // The group size against every linear weight before the output is touched or anything is read.
     bo.int4_group_size = int4_group_option(a->quantize, a->group_size);
@@ -129,6 +135,22 @@ void add_build(CLI::App& app) {
       } else {
         engine = build_engine(a->model_dir, bo);
       }
+    }
+    if (a->tp != 1) {
+      {
+        ProgressBar bar("writing", a->quiet);
+        save_tp_engine_dir(engine, info, a->tp, a->output, bar.fn());
+      }
+      const TpEngineDir d = inspect_tp_engine_dir(a->output);
+      uint64_t bytes = 0;
+      for (const TpRankFile& f : d.files) bytes += f.bytes;
+      std::printf("wrote %s: %s split over %d ranks (%s .. %s and %s, %.2f MB in all), %s weights, max batch %d, "
+                  "capacity %lld, layout %s, build %s\n",
+                  a->output.c_str(), d.ranks[0].spec.family.c_str(), d.world, d.files.front().name.c_str(),
+                  d.files.back().name.c_str(), kTpManifestName, double(bytes) / 1e6,
+                  std::string(dtype_name(d.ranks[0].weight_dtype)).c_str(), d.ranks[0].bounds.max_batch,
+                  (long long)d.ranks[0].bounds.capacity, layout_name(d.ranks[0].bounds.layout).c_str(), d.build_id.c_str());
+      return;
     }
     {
       ProgressBar bar("writing", a->quiet);

@@ -33,6 +33,7 @@ void add_chat(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   a->text.add_to(*cmd);
   a->text.add_chat_template(*cmd);
   cmd->add_option("--capacity", a->capacity, "cache slots for the whole conversation (default: 4096, or the engine's)");

@@ -107,6 +107,7 @@ void add_serve(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
+  a->model.add_tp_option(*cmd);
   cmd->add_option("--host", a->host, "address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)");
   cmd->add_option("--port", a->port, "TCP port (0 = pick a free one; the line printed at start names it)")
       ->check(int_range(0, 65535));

@@ -10,7 +10,8 @@ namespace ingot::cli {
 
 void ModelArgs::add_to(CLI::App& app) {
   auto* m = app.add_option("--model", model_dir, "Hugging Face checkpoint folder (config.json + safetensors)");
-  auto* e = app.add_option("--engine", engine_path, "engine file from `ingot build` (instead of --model)");
+  auto* e = app.add_option("--engine", engine_path, "engine file from `ingot build`, or the directory of per-rank "
+                                                    "files from `ingot build --tp N` (instead of --model)");
   m->excludes(e);
   app.add_flag("--no-verify", no_verify, "skip the engine file's weight checksums (faster load)");
   app.add_flag("--quiet", quiet, "no progress bar");
@@ -26,8 +27,8 @@ void ModelArgs::add_to(CLI::App& app) {
 }
 
 void ModelArgs::add_tp_option(CLI::App& app) {
-  app.add_option("--tp", tp, "tensor-parallel ranks: the model split over N ranks (CPU: threads of this process; "
-                             "docs/tensor-parallel.md)")
+  tp_option = app.add_option("--tp", tp, "tensor-parallel ranks: the model split over N ranks (CPU: threads of this process; "
+                             "docs/tensor-parallel.md); an engine directory runs at its own, which --tp must match")
       ->check(at_least(1));
 }
 
@@ -71,6 +72,7 @@ LoadSpec ModelArgs::load_spec() const {
   s.threads = threads;
   s.batch_invariant = batch_invariant;
   s.verify = !no_verify;
+  s.tp_given = tp_given();
   s.int4_group_size = int4_group_option(quantize, group_size);
   s.calibration_text = calibration;
   s.calibration_ids = calibration_ids;

@@ -22,13 +22,15 @@ struct ModelArgs {
   std::string quantize;    // --quantize int4: a checkpoint folder's linear weights as INT4 (round to nearest)
   int64_t group_size = 0;  // --group-size (0: not given; kDefaultInt4Group)
   int tp = 1;              // --tp: tensor-parallel ranks (docs/tensor-parallel.md)
+  CLI::Option* tp_option = nullptr;  // set by add_tp_option: whether --tp was given (an engine directory's own otherwise)
   std::string calibration, calibration_ids;  // --calibration FILE (text) / --calibration-ids FILE
   bool quantize_lm_head = false;             // --quantize-lm-head
   // Commands that run a model need exactly one of --model / --engine (checked by load_spec).
   void add_to(CLI::App& app);
-  // --tp, on the commands tensor parallelism is tested on (check, generate, bench); the others run
-  // one rank and do not offer it.
+  // --tp, on the commands tensor parallelism is tested on (check, generate, bench, chat, serve); the
+  // others run one rank, or an engine directory's world size, and do not offer it.
   void add_tp_option(CLI::App& app);
+  bool tp_given() const { return tp_option && tp_option->count() > 0; }
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
   // What the runtime's loader needs (no progress callback).
   LoadSpec load_spec() const;

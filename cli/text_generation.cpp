@@ -8,6 +8,7 @@
 #include "options.h"
 #include "io/engine_tokenizer.h"
 #include "progress.h"
+#include "runtime/tp_engine_dir.h"
 
 namespace ingot::cli {
 
@@ -37,7 +38,8 @@ CLI::Option* TextArgs::add_chat_template(CLI::App& app) {
 
 tok::Tokenizer load_tokenizer(const ModelArgs& a) {
   if (!a.engine_path.empty()) {
-    std::optional<tok::Tokenizer> t = tokenizer_from_engine(inspect_engine(a.engine_path));
+    std::optional<tok::Tokenizer> t = tokenizer_from_engine(
+        is_engine_dir(a.engine_path) ? inspect_tp_engine_dir(a.engine_path).ranks[0] : inspect_engine(a.engine_path));
     if (!t) throw Error(a.engine_path + ": the engine carries no tokenizer (its checkpoint had no tokenizer.json)");
     return std::move(*t);
   }
@@ -47,13 +49,14 @@ tok::Tokenizer load_tokenizer(const ModelArgs& a) {
 
 api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capacity, bool chat) {
   if (a.model_dir.empty() == a.engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
-  // The API tells a folder from a file by looking; --engine names a file, whatever is there.
-  if (!a.engine_path.empty() && std::filesystem::is_directory(a.engine_path))
-    throw Error(read_error(a.engine_path, EISDIR));
+  // The API tells a checkpoint folder from an engine by looking; --engine names an engine file or an
+  // engine directory (with its manifest), whatever is there.
+  if (!a.engine_path.empty() && is_engine_dir(a.engine_path))
+    (void)inspect_tp_engine_dir(a.engine_path);  // refuses a folder without a manifest, naming --engine's path
   a.check_tp();
   api::LoadConfig c;
   c.device = a.device;
-  c.tp = a.tp;
+  c.tp = a.tp_given() ? a.tp : 0;  // 0: an engine directory's own world size
   c.threads = a.threads;
   c.batch_invariant = a.batch_invariant;
   c.verify = !a.no_verify;

@@ -15,6 +15,7 @@
 #include "io/engine_file.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
+#include "runtime/tp_split.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -523,15 +524,39 @@ TEST_F(Refusal, TensorTableOutOfBoundsOverlappingMisalignedOrWrong) {
 }
 
 TEST_F(Refusal, ADifferentTensorParallelSetting) {
-  const Bytes other = with_metadata(good(), [](json& m) { m["parallel"] = {{"tp_world_size", 2}, {"tp_rank", 1}}; });
-  expect_refused(other, {"built for tensor-parallel world size 2, rank 1", "this process runs world size 1, rank 0"});
+  // A file claiming to be one rank's slice is validated as one: it needs its build's id, and its
+  // tensors must be the rank's shares of the whole architecture it states.
+  expect_meta_refused([](json& m) { m["parallel"] = {{"tp_world_size", 2}, {"tp_rank", 1}}; }, {"parallel.build_id", "is missing"});
+  expect_meta_refused([](json& m) { m["parallel"] = {{"tp_world_size", 2}, {"tp_rank", 1}, {"build_id", "b"}}; },
+                      {"runtime.kv_cache", "disagrees"});  // the rank's cache: its own KV heads
+  expect_meta_refused([](json& m) { m["parallel"] = {{"tp_world_size", 3}, {"tp_rank", 1}, {"build_id", "b"}}; },
+                      {"parallel.tp_world_size", "does not split"});
+  // A real slice (as `ingot build --tp 2` writes it) loads only as its rank of its world.
+  EngineBuildInfo info;
+  info.bounds = saved_->bounds;
+  info.tp_world_size = 2;
+  info.tp_rank = 1;
+  info.whole_spec = saved_->built.spec;
+  info.build_id = "0123";
+  const std::string path = dir_.file("slice.ingot");
+  save_engine(shard_engine(saved_->built, 2, 1), info, path);
+  const Bytes slice = read_file(path);
+  expect_refused(slice, {"built for tensor-parallel world size 2, rank 1", "this process runs world size 1, rank 0"});
   LoadOptions o;
   o.tp_world_size = 2;
   o.tp_rank = 1;
-  EXPECT_EQ(load_error(other, o), "");
+  EXPECT_EQ(load_error(slice, o), "");
+  EXPECT_EQ(inspect_engine(path).weights_spec.heads, saved_->built.spec.heads / 2);
   o.tp_rank = 0;
-  expect_refused(other, {"rank 1", "world size 2, rank 0"}, o);
+  expect_refused(slice, {"rank 1", "world size 2, rank 0"}, o);
   expect_refused(good(), {"world size 1, rank 0", "this process runs world size 2, rank 0"}, o);
+  // save_engine refuses a slice without the whole model, or labelled as another rank.
+  info.tp_rank = 0;
+  test::expect_error([&] { save_engine(shard_engine(saved_->built, 2, 1), info, dir_.file("bad.ingot")); },
+                     {"is not rank 0 of 2's slice"});
+  info.whole_spec.reset();
+  test::expect_error([&] { save_engine(shard_engine(saved_->built, 2, 0), info, dir_.file("bad.ingot")); },
+                     {"needs the whole model's spec"});
 }
 
 TEST(EngineDevice, AGpuWithoutTheNeededCapabilityIsRefused) {

@@ -33,8 +33,9 @@ struct LoadConfig {
   // refuses a value above the capacity it was built for.
   int64_t capacity = 0;
   // Tensor-parallel ranks: the model split over this many ranks (CPU only for now: threads of this
-  // process; docs/tensor-parallel.md). 1 = not split.
-  int tp = 1;
+  // process; docs/tensor-parallel.md). 0 = the source's: an engine directory from `ingot build --tp N`
+  // runs at its N (another N given here is refused), anything else at 1 (not split).
+  int tp = 0;
   // Engine files: called with bytes verified so far and in all (from one thread at a time).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // A file whose text replaces the model's chat template ("" = the model's own). It is read and parsed

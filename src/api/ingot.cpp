@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/engine_file.h"
 #include "io/engine_tokenizer.h"
+#include "runtime/tp_engine_dir.h"
 #include "runtime/chat.h"
 #include "runtime/generator.h"
 #include "runtime/loader.h"
@@ -137,14 +138,16 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   const auto t0 = std::chrono::steady_clock::now();
   auto im = std::make_unique<Impl>();
   im->source = path;
-  const bool folder = fs::is_directory(path);
+  // A folder is a checkpoint, unless it holds a manifest: then it is an engine directory (`build --tp`).
+  const bool engine_dir = fs::is_directory(path) && fs::exists(fs::path(path) / kTpManifestName);
+  const bool folder = fs::is_directory(path) && !engine_dir;
   // A chat that cannot happen is refused before any weights are read.
   if (!c.chat_template_file.empty()) im->chat = ChatFormat::from_file(c.chat_template_file);
   if (c.chat) {
     if (folder) {
       if (fs::exists(fs::path(path) / "tokenizer.json")) im->tokenizer = tok::Tokenizer::from_folder(path);
     } else {
-      im->tokenizer = tokenizer_from_engine(inspect_engine(path));
+      im->tokenizer = tokenizer_from_engine(engine_dir ? inspect_tp_engine_dir(path).ranks[0] : inspect_engine(path));
     }
     im->chat_format();
   }
@@ -162,7 +165,8 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   ls.progress = c.progress;
   RuntimeOptions rt;
   rt.capacity = c.capacity;
-  rt.tp = c.tp;
+  rt.tp = c.tp ? c.tp : 1;
+  ls.tp_given = c.tp != 0;
   im->loaded = ingot::load(ls, rt);
   if (!im->tokenizer) {
     if (im->loaded.engine_file) im->tokenizer = tokenizer_from_engine(*im->loaded.engine_file);

@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "models/family.h"
 #include "models/state_layout.h"
+#include "models/tp_spec.h"
 
 namespace ingot {
 namespace fs = std::filesystem;
@@ -455,6 +456,19 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
   if (info.tp_world_size < 1 || info.tp_rank < 0 || info.tp_rank >= info.tp_world_size)
     throw Error(where + "tensor-parallel rank " + std::to_string(info.tp_rank) + " of world size " +
                 std::to_string(info.tp_world_size) + " is not valid");
+  // One rank's slice: the architecture stored is the whole model's, and the slice must be its rank's.
+  const ModelSpec& arch = info.tp_world_size > 1 ? info.whole_spec.value_or(ModelSpec{}) : s;
+  if (info.tp_world_size > 1) {
+    if (!info.whole_spec) throw Error(where + "a tensor-parallel rank's engine needs the whole model's spec");
+    if (info.build_id.empty()) throw Error(where + "a tensor-parallel rank's engine needs a build id");
+    const ModelSpec want = rank_spec(*info.whole_spec, info.tp_world_size, info.tp_rank);
+    if (spec_to_json(want) != spec_to_json(s) || want.tp.world != s.tp.world || want.tp.rank != s.tp.rank ||
+        want.tp.vocab_rows != s.tp.vocab_rows)
+      throw Error(where + "the engine is not rank " + std::to_string(info.tp_rank) + " of " +
+                  std::to_string(info.tp_world_size) + "'s slice of the model given as whole_spec");
+  } else if (s.tp.world > 1) {
+    throw Error(where + "the engine is one rank's slice; save it with its tp_world_size, tp_rank and whole_spec");
+  }
 
   // Hash the blobs first: the metadata that precedes them carries their checksums.
   std::vector<std::pair<const std::string*, const HostTensor*>> order;
@@ -467,7 +481,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
 
   json m;
   m["tool"] = {{"name", "ingot"}, {"version", INGOT_VERSION}, {"git_revision", git_revision()}};
-  m["architecture"] = spec_to_json(s);
+  m["architecture"] = spec_to_json(arch);
   m["weights"] = {{"dtype", std::string(dtype_name(eng.weight_dtype))},
                   {"quantization", quant_json(eng.quant ? &*eng.quant : nullptr, eng.weight_dtype)},
                   {"count", order.size()},
@@ -477,6 +491,7 @@ void save_engine(const Engine& eng, const EngineBuildInfo& info, const std::stri
                   {"layout", layout_name(bounds.layout)},
                   {"kv_cache", kv_cache_json(s, bounds)}};
   m["parallel"] = {{"tp_world_size", info.tp_world_size}, {"tp_rank", info.tp_rank}};
+  if (info.tp_world_size > 1) m["parallel"]["build_id"] = info.build_id;
   const auto [cc_major, cc_minor] = min_cuda_capability(eng.weight_dtype);
   m["requirements"] = {{"cuda_min_capability", {cc_major, cc_minor}}, {"reason", cuda_requirement_reason(eng.weight_dtype)}};
   auto opt = [](const std::optional<std::string>& v) { return v ? json(*v) : json(nullptr); };
@@ -632,6 +647,22 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   const std::string wdt = f.string(w, "weights.dtype", "dtype");
   if (!parse_weight_dtype(wdt, info.weight_dtype)) f.fail("weights.dtype", "'" + wdt + "' is not f32, f16 or bf16");
   info.quant = parse_quantization(f, w, s, info.weight_dtype);
+  // parallelism: a file holding one rank's slice is validated against that rank's spec
+  const json& par = f.object(m, "parallel", "parallel");
+  info.tp_world_size = int(f.integer(par, "parallel.tp_world_size", "tp_world_size", 1, 1 << 16));
+  info.tp_rank = int(f.integer(par, "parallel.tp_rank", "tp_rank", 0, info.tp_world_size - 1));
+  info.weights_spec = s;
+  if (info.tp_world_size > 1) {
+    info.tp_build_id = f.string(par, "parallel.build_id", "build_id");
+    if (info.tp_build_id.empty()) f.fail("parallel.build_id", "is empty");
+    if (info.quant) f.fail("parallel.tp_world_size", "is " + std::to_string(info.tp_world_size) + ": INT4 engines are not split over ranks");
+    try {
+      info.weights_spec = rank_spec(s, info.tp_world_size, info.tp_rank);
+    } catch (const Error& e) {
+      f.fail("parallel.tp_world_size", std::string("does not split the architecture: ") + e.what());
+    }
+  }
+  const ModelSpec& ws = info.weights_spec;
   // runtime bounds, and the cache description they imply
   const json& rt = f.object(m, "runtime", "runtime");
   info.bounds.max_batch = int(f.integer(rt, "runtime.max_batch", "max_batch", 1, kMaxBatch));
@@ -639,13 +670,9 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   const std::string lay = f.string(rt, "runtime.layout", "layout");
   if (lay != "heads_first" && lay != "flattened") f.fail("runtime.layout", "'" + lay + "' is not heads_first or flattened");
   info.bounds.layout = parse_layout(lay);
-  const json implied = kv_cache_json(s, info.bounds);
+  const json implied = kv_cache_json(ws, info.bounds);
   if (f.field(rt, "runtime.kv_cache", "kv_cache") != implied)
     f.fail("runtime.kv_cache", "disagrees with what the architecture and bounds imply (" + implied.dump() + ")");
-  // parallelism
-  const json& par = f.object(m, "parallel", "parallel");
-  info.tp_world_size = int(f.integer(par, "parallel.tp_world_size", "tp_world_size", 1, 1 << 16));
-  info.tp_rank = int(f.integer(par, "parallel.tp_rank", "tp_rank", 0, info.tp_world_size - 1));
   // requirements
   const json& req = f.object(m, "requirements", "requirements");
   const json& cc = f.array(req, "requirements.cuda_min_capability", "cuda_min_capability");
@@ -679,7 +706,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   f.object(m, "build_options", "build_options");
 
   // The tensor table: exactly the weights the architecture implies, in bounds, aligned, disjoint.
-  const auto expect = engine_tensor_shapes(s, info.weight_dtype, info.quant ? &*info.quant : nullptr);
+  const auto expect = engine_tensor_shapes(ws, info.weight_dtype, info.quant ? &*info.quant : nullptr);
   const json& table = f.array(m, "tensors", "tensors");
   if (table.size() != expect.size())
     f.fail("tensors", "lists " + std::to_string(table.size()) + " tensors, the architecture implies " +
@@ -795,7 +822,7 @@ LoadedEngine load_engine(const std::string& path, const LoadOptions& o) {
   }
 
   Engine& e = out.engine;
-  e.spec = info.spec;
+  e.spec = info.weights_spec;
   e.weight_dtype = info.weight_dtype;
   e.quant = info.quant;
   std::shared_ptr<const void> owner(map, map->data());

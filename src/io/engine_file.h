@@ -59,7 +59,12 @@ struct EngineBuildInfo {
   CacheBounds bounds;
   std::optional<DType> requested_dtype;  // as given to the build (recorded; the Engine's dtype is what counts)
   CheckpointExtras source;               // may be empty (engines not built from a folder)
+  // One rank's slice (`ingot build --tp N`, runtime/tp_engine_dir.h): the engine's spec is then
+  // rank_spec(*whole_spec, world, rank), and the file's architecture is the whole model's, so every
+  // rank file describes the same model. build_id is shared by the files of one build.
   int tp_world_size = 1, tp_rank = 0;
+  std::optional<ModelSpec> whole_spec;  // required when tp_world_size > 1
+  std::string build_id;                 // required when tp_world_size > 1
 };
 
 struct EngineTensorRecord {
@@ -77,11 +82,14 @@ struct EngineFileInfo {
   uint32_t format_version = 0;
   uint64_t file_bytes = 0, metadata_bytes = 0, data_offset = 0;
   nlohmann::json metadata;  // the whole metadata document
-  ModelSpec spec;
+  ModelSpec spec;  // the architecture: the whole model, also in a file holding one rank's slice
+  // The spec the weights follow: spec, or for one rank's slice rank_spec(spec, tp_world_size, tp_rank).
+  ModelSpec weights_spec;
   DType weight_dtype = DType::F32;
   std::optional<QuantConfig> quant;  // weights.quantization (absent: "none")
   CacheBounds bounds;  // what the engine was built for (capacity resolved)
   int tp_world_size = 1, tp_rank = 0;
+  std::string tp_build_id;  // parallel.build_id: one build's rank files share it (empty for one whole engine)
   int min_cuda_major = 0, min_cuda_minor = 0;
   std::optional<std::string> tokenizer_json, tokenizer_config_json, special_tokens_map_json, chat_template;
   nlohmann::json generation_defaults;

@@ -50,10 +50,27 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
 LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   const int sources = int(!s.model_dir.empty()) + int(!s.engine_path.empty()) + int(!s.config_path.empty());
   if (sources != 1) throw Error("give exactly one model source: a checkpoint folder, an engine file or a config.json");
+  // Said the same in every build (with or without CUDA), before the device is resolved.
+  if (!s.engine_path.empty() && s.device == "cuda" && is_engine_dir(s.engine_path))
+    throw Error(s.engine_path + " --device cuda: an engine directory is split over ranks, and tensor parallelism on the "
+                "GPU is not implemented yet (NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); "
+                "--device cpu runs it in-process");
   device_ = resolve_device(s.device);
   const std::optional<DType> requested = s.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(s.dtype));
-  if (!s.engine_path.empty()) {
+  if (!s.engine_path.empty() && is_engine_dir(s.engine_path)) {
+    dir_ = inspect_tp_engine_dir(s.engine_path);  // the manifest and every rank file's header, no weight read
+    file_ = dir_->ranks[0];
+    model_spec_ = file_->spec;
+    dtype_ = file_->weight_dtype;
+    if (requested && *requested != dtype_)
+      throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
+                  s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
+  } else if (!s.engine_path.empty()) {
     file_ = inspect_engine(s.engine_path);
+    if (file_->tp_world_size > 1)
+      throw Error(s.engine_path + ": holds rank " + std::to_string(file_->tp_rank) + " of a model split over " +
+                  std::to_string(file_->tp_world_size) + " ranks (parallel.tp_world_size): it is one slice; load the "
+                  "directory that holds it and its manifest.json (--engine DIR)");
     model_spec_ = file_->spec;
     dtype_ = file_->weight_dtype;
     if (requested && *requested != dtype_)
@@ -107,6 +124,14 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
 }
 
 RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
+  if (dir_) {
+    if (ls_.tp_given && rt.tp != dir_->world)
+      throw Error("--tp " + std::to_string(rt.tp) + ": " + ls_.engine_path + " holds the model split over " +
+                  std::to_string(dir_->world) + " ranks (manifest.json world_size " + std::to_string(dir_->world) +
+                  "); run it with --tp " + std::to_string(dir_->world) + " or without --tp, or rebuild it with `ingot "
+                  "build --tp " + std::to_string(rt.tp) + "`");
+    rt.tp = dir_->world;
+  }
   if (rt.tp != 1) {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
@@ -150,7 +175,14 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   check_cuda_device(plan, s.source());
   const auto t0 = std::chrono::steady_clock::now();
   Loaded l;
-  if (!s.engine_path.empty()) {
+  if (plan.dir_) {
+    l.shards = load_tp_engine_dir(*plan.dir_, s.verify, s.progress);
+    l.engine = std::make_unique<Engine>();
+    l.engine->spec = plan.spec();
+    l.engine->weight_dtype = plan.weight_dtype();
+    l.engine->provenance = {{"engine_dir", s.engine_path}, {"build_id", plan.dir_->build_id}};
+    l.engine_file = plan.file_;
+  } else if (!s.engine_path.empty()) {
     LoadOptions lo;
     lo.verify = s.verify;
     lo.progress = s.progress;
@@ -184,8 +216,13 @@ Loaded load(const LoadSpec& spec, RuntimeOptions rt, bool layout_given) {
   LoadPlan plan(spec);
   rt = plan.fit(rt, layout_given);
   Loaded l = Loaded::weights(std::move(plan));
-  l.model = std::make_unique<Model>(*l.engine, *l.backend, rt);
+  l.model = l.make_model(rt);
   return l;
+}
+
+std::unique_ptr<Model> Loaded::make_model(const RuntimeOptions& rt) const {
+  if (!shards.empty()) return std::make_unique<Model>(shards, *backend, rt);
+  return std::make_unique<Model>(*engine, *backend, rt);
 }
 
 }  // namespace ingot

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "io/engine_file.h"
 #include "io/engine.h"
+#include "runtime/tp_engine_dir.h"
 #include "runtime/model.h"
 
 namespace ingot {
@@ -19,7 +20,7 @@ namespace ingot {
 struct LoadSpec {
   // Exactly one source.
   std::string model_dir;    // a Hugging Face checkpoint folder (config.json + safetensors)
-  std::string engine_path;  // an engine file from `ingot build`
+  std::string engine_path;  // an engine file from `ingot build`, or a directory from `ingot build --tp N`
   std::string config_path;  // a config.json: its shapes with seeded random weights (benchmarks)
   uint64_t random_seed = 0;
   std::string device = "auto";  // auto (the GPU when usable) | cpu | cuda
@@ -27,6 +28,9 @@ struct LoadSpec {
   int threads = 0;    // CPU threads; 0 = all cores
   bool batch_invariant = false;  // GPU: batch-invariant kernels (backend.h, make_cuda_backend)
   bool verify = true;  // engine files: every blob's checksum
+  // Whether the run's tensor-parallel size (RuntimeOptions::tp) was asked for: an engine directory
+  // otherwise runs at its manifest's world size, and a different one asked for is refused.
+  bool tp_given = false;
   // Set: a checkpoint folder's (or random) linear weights become INT4 of this group size (quant/int4.h).
   std::optional<int64_t> int4_group_size;
   // With int4_group_size: the calibration file for activation-aware scales (runtime/awq.h), text to
@@ -48,7 +52,10 @@ class LoadPlan {
   explicit LoadPlan(const LoadSpec& spec);
   const ModelSpec& spec() const { return model_spec_; }
   DType weight_dtype() const { return dtype_; }
+  // An engine file's header and metadata; of an engine directory, rank 0's (its spec is the whole model).
   const std::optional<EngineFileInfo>& engine_file() const { return file_; }
+  // An engine directory's manifest and rank files, checked (runtime/tp_engine_dir.h).
+  const std::optional<TpEngineDir>& engine_dir() const { return dir_; }
   const std::string& device() const { return device_; }
   // The runtime options a run will use: an engine file's bounds applied (capacity 0 takes the
   // smaller of the default and the stored one; more than stored is refused), and the host memory the
@@ -61,6 +68,7 @@ class LoadPlan {
   ModelSpec model_spec_;
   DType dtype_ = DType::F32;
   std::optional<EngineFileInfo> file_;
+  std::optional<TpEngineDir> dir_;
   std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
   bool published_ = false;  // a checkpoint folder with a quantization_config (io/quantized_checkpoint.h)
   std::string device_;
@@ -69,7 +77,9 @@ class LoadPlan {
 
 // A model ready to run: the engine, the backend and (unless made later) the Model that binds them.
 struct Loaded {
+  // The weights; from an engine directory, the whole model's spec with no weights (they are in shards).
   std::unique_ptr<Engine> engine;
+  std::vector<Engine> shards;  // [world] an engine directory's rank slices, else empty
   std::optional<EngineFileInfo> engine_file;
   std::string device;  // cpu | cuda
   std::unique_ptr<Backend> backend;
@@ -79,6 +89,8 @@ struct Loaded {
   // Reads or builds the weights and makes the backend, after refusing a GPU the weights cannot run
   // on; no Model yet (one per fitted RuntimeOptions, made by the caller).
   static Loaded weights(LoadPlan&& plan);
+  // A Model over the weights (over the shards from an engine directory) with fitted options.
+  std::unique_ptr<Model> make_model(const RuntimeOptions& rt) const;
 };
 
 // The whole load for one run: plan, fit, weights, Model.

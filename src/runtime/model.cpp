@@ -36,6 +36,9 @@ MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions&
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     : Model(TpGroup::make(engine, be, options), nullptr, engine, be, options) {}
 
+Model::Model(const std::vector<Engine>& shards, Backend& be, const RuntimeOptions& options)
+    : Model(TpGroup::from_shards(shards, be, options), nullptr, shards.at(0), be, options) {}
+
 Model::Model(const Engine& shard, Backend& be, const RuntimeOptions& options, Communicator& comm)
     : Model(nullptr, &comm, shard, be, options) {}
 

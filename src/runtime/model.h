@@ -52,6 +52,9 @@ class Model {
   // each). Every call below then runs on every rank, and returns rank 0's result, which every rank
   // shares bit for bit; each rank's memory plan and cache cover its own heads.
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
+  // Rank 0 of a group over slices made beforehand (per-rank engine files, runtime/tp_engine_dir.h):
+  // shards[r] is rank r's, options.tp their number; they must outlive the Model.
+  Model(const std::vector<Engine>& shards, Backend& backend, const RuntimeOptions& options);
   ~Model();
 
   // Runs the rows through the cache. Returns f32 logits on the host, [n_out, vocab], rows in call

@@ -23,6 +23,10 @@ class TpGroup {
   // backend that is not the CPU's (tensor parallelism on the GPU is not there yet), then slices the
   // engine once per rank.
   static std::unique_ptr<TpGroup> make(const Engine& engine, const Backend& backend, const RuntimeOptions& options);
+  // Over slices already made (per-rank engine files, runtime/tp_engine_dir.h): shards[r] is rank r's,
+  // checked by the loader against the manifest; they are borrowed and must outlive the group.
+  static std::unique_ptr<TpGroup> from_shards(const std::vector<Engine>& shards, const Backend& backend,
+                                              const RuntimeOptions& options);
   ~TpGroup();
 
   int world() const { return comms_.world(); }

@@ -8,33 +8,9 @@
 #include <string>
 
 #include "io/engine.h"
-#include "models/spec.h"
+#include "models/tp_spec.h"
 
 namespace ingot {
-
-// A contiguous share of heads.
-struct HeadShare {
-  int64_t first = 0, count = 0;
-};
-// The query heads of one rank and the KV heads they read. Each rank owns heads/world query heads and
-// whole groups of them: with kv_heads >= world, kv_heads/world KV heads and all their query heads;
-// with fewer KV heads than ranks, one KV head that several ranks replicate, each with a disjoint part
-// of its query heads. (For linear attention: value heads and the key heads they read.)
-struct RankHeads {
-  HeadShare q, kv;
-};
-// Valid only when check_tensor_parallel accepts the sizes.
-RankHeads rank_heads(int64_t heads, int64_t kv_heads, int world, int rank);
-
-// Refuses, naming `flag` and the config field, a group size the model cannot be split over: outside
-// [1, kMaxTensorParallel], attention (or linear value) heads that are not a multiple of it, ranks that
-// would not own whole KV-head groups, an intermediate size that is not a multiple of it. The
-// vocabulary needs no multiple (padded).
-void check_tensor_parallel(const ModelSpec& spec, int world, const std::string& flag = "--tp");
-
-// The spec rank `rank` of `world` runs: its heads, KV heads, intermediate and linear heads, an untied
-// LM head of spec.tp.vocab_rows rows.
-ModelSpec rank_spec(const ModelSpec& spec, int world, int rank);
 
 // Rank `rank`'s slice of `engine`, laid out as the rank spec's weight table says. Replicated weights
 // borrow the engine's memory (which must outlive the slice); split ones are copied. A row-parallel bias

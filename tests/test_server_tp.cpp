@@ -1,0 +1,125 @@
+// `ingot serve --tp 2` (CPU, the in-process group) against `--tp 1` and against an engine directory
+// from `ingot build --tp 2`: the built binary started as a user would, on the qwen3 fixture with the
+// byte-level test tokenizer (tests/data/api), greedy completions compared token for token.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "test_helpers.h"
+
+namespace ingot::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A folder of the qwen3 fixture with the test tokenizer and its chat template.
+std::string text_model(TempDir& d) {
+  const fs::path folder = d.file("model");
+  fs::create_directories(folder);
+  for (const auto& e : fs::directory_iterator(fixture("qwen3")))
+    if (e.path().filename() != "reference.safetensors") fs::copy(e.path(), folder / e.path().filename());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy(std::string(INGOT_SOURCE_DIR) + "/tests/data/api/" + f, folder / f);
+  return folder.string();
+}
+
+// `ingot serve ARGS --port 0` in a child process, its output in a file; stopped (SIGTERM) when destroyed.
+class Serve {
+ public:
+  Serve(const std::vector<std::string>& args, const std::string& log) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<std::string> all = {INGOT_BINARY, "serve", "--port", "0", "--device", "cpu", "--threads", "2", "--slots", "1"};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (std::string& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    // The port from the line the server prints once it listens.
+    const std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    for (int i = 0; i < 1000 && port_ == 0; ++i) {
+      std::ifstream in(log);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::smatch m;
+      const std::string text = ss.str();
+      if (std::regex_search(text, m, re)) port_ = std::stoi(m[1]);
+      else if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      } else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~Serve() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  std::string log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// The greedy completion of `prompt` and the chat reply to it, as text.
+std::pair<std::string, std::string> complete(const Serve& s, const std::string& prompt) {
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(120, 0);
+  auto r = c.Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+                  "application/json");
+  EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer") << s.log();
+  auto ch = c.Post("/v1/chat/completions",
+                   json{{"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+                   "application/json");
+  EXPECT_TRUE(ch && ch->status == 200) << (ch ? ch->body : "no answer") << s.log();
+  if (!r || !ch || r->status != 200 || ch->status != 200) return {};
+  return {json::parse(r->body)["choices"][0]["text"], json::parse(ch->body)["choices"][0]["message"]["content"]};
+}
+
+TEST(ServerTp, Tp2AndAnEngineDirectoryAnswerAsTp1) {
+  TempDir d;
+  const std::string model = text_model(d), dir = d.file("e");
+  const std::string build = std::string(INGOT_BINARY) + " build --quiet --model " + model + " --tp 2 -o " + dir + " > /dev/null";
+  ASSERT_EQ(std::system(build.c_str()), 0) << build;
+  std::vector<std::pair<std::string, std::string>> answers;
+  const std::vector<std::vector<std::string>> runs = {
+      {"--model", model}, {"--model", model, "--tp", "2"}, {"--engine", dir}, {"--engine", dir, "--tp", "2"}};
+  for (const auto& args : runs) {
+    Serve s(args, d.file("serve" + std::to_string(answers.size()) + ".log"));  // a fresh log: no earlier port
+    ASSERT_GT(s.port(), 0) << s.log();
+    answers.push_back(complete(s, "Hi there"));
+  }
+  EXPECT_FALSE(answers[0].first.empty());
+  for (size_t i = 1; i < answers.size(); ++i) {
+    EXPECT_EQ(answers[i].first, answers[0].first) << "run " << i;
+    EXPECT_EQ(answers[i].second, answers[0].second) << "run " << i;
+  }
+}
+
+}  // namespace
+}  // namespace ingot::test
