@@ -566,6 +566,57 @@ TEST_P(CudaOps, Attention) {
   }
 }
 
+// Many decode rows of unequal lengths: more (token, head group) items than the device runs at once, so
+// the kernel hands them out longest row first (attention.cu). Checked against the CPU, and the
+// remapping checked to change no bit: the same tokens in the reverse order (another ranking of ties
+// and of blocks) give each token the same output bits.
+TEST_P(CudaOps, AttentionManyRowsLongestFirst) {
+  for (int window : {0, 150}) {
+    const int64_t R = 200, q_heads = 16, kv_heads = 4, hd = 64, cap = 400;
+    const CacheSpec cspec{R, kv_heads, cap, hd, true};
+    Meta fwd;
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t len = r == 7 ? 0 : int32_t(1 + (r * 37) % (cap - 1));  // row 7: nothing visible
+      fwd.row.push_back(int32_t(r));
+      fwd.slot.push_back(std::max(len - 1, 0));
+      fwd.pos.push_back(std::max(len - 1, 0));
+      fwd.kv_len.push_back(len);
+    }
+    Meta rev = fwd;
+    for (auto* v : {&rev.row, &rev.slot, &rev.pos, &rev.kv_len}) std::reverse(v->begin(), v->end());
+    const int64_t QD = q_heads * hd;
+    const std::vector<float> q = rnd(size_t(R * QD), 2.0f), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+    std::vector<float> q_rev(q.size());
+    for (int64_t t = 0; t < R; ++t) std::copy_n(q.begin() + (R - 1 - t) * QD, QD, q_rev.begin() + t * QD);
+    auto run = [&](Side& s, Backend& be, const Meta& m, const std::vector<float>& qv) {
+      AttentionParams p;
+      void* o = s.put(std::vector<float>(size_t(R * QD), 7.0f));
+      p.q = s.m(s.put(qv), R, QD);
+      p.out = s.m(o, R, QD);
+      p.q_heads = int(q_heads);
+      p.kv_heads = int(kv_heads);
+      p.head_dim = int(hd);
+      p.window = window;
+      p.scale = 1.0f / std::sqrt(float(hd));
+      p.max_kv_len = int(cap);  // as a captured decode graph bounds it
+      p.rows = int(R);
+      p.meta = put_meta(s, m);
+      p.cache = cspec.view(s.put(kc), s.put(vc), s.dt);
+      be.attention(p);
+      return s.get(o, size_t(R * QD));
+    };
+    const std::vector<float> got = run(*gpu_, *gpu_be_, fwd, q), got_rev = run(*gpu_, *gpu_be_, rev, q_rev);
+    const std::vector<float> want = run(*cpu_, *cpu_be_, fwd, q);
+    const std::string what = "200 decode rows, window " + std::to_string(window);
+    expect_close(got, want, tol(), what);
+    for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t(7 * QD + i)], 0.0f) << what << ": all-masked row";
+    for (int64_t t = 0; t < R; ++t)
+      for (int64_t i = 0; i < QD; ++i)
+        ASSERT_EQ(got[size_t(t * QD + i)], got_rev[size_t((R - 1 - t) * QD + i)])
+            << what << ": token " << t << " differs when the rows come in the reverse order";
+  }
+}
+
 TEST_P(CudaOps, GraphReplayMatchesDirect) {
   const int64_t T = 2, H = 300;
   auto x = rnd(size_t(T * H)), w = rnd(size_t(H));

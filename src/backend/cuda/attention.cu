@@ -52,6 +52,7 @@ struct AttnArgs {
   int64_t batch_stride, head_stride, slot_stride;
   int slices;      // blocks per (token, head group) along z
   int chunk;       // slice lengths are multiples of this many keys
+  int longest_first;  // 1: block i takes the (token, head group) of rank i, the tokens by visible keys, descending
   float* part_acc;  // [T, q_heads, slices, head_dim] unnormalised accumulators of the slices
   float* part_ml;   // [T, q_heads, slices, 2] their (max, sum), max in base-2 units
   int* counters;    // [T, q_heads / heads_per_block] finished slices, zero between uses
@@ -107,17 +108,60 @@ struct Work {
   int active;  // slices of this token that have keys (0: nothing visible)
 };
 
+// The keys token t sees: [lo, hi) of its cache row (causal, valid length, sliding window).
+struct Visible {
+  int lo, hi;
+};
+__device__ __forceinline__ Visible visible_keys(const AttnArgs& a, int64_t t) {
+  const int pos = a.slot[t], kvl = a.kv_len[t];
+  return {a.window > 0 ? max(0, pos - a.window + 1) : 0, min(pos + 1, kvl)};
+}
+
+// Longest first: with more (token, head group) items than the device runs at once and one slice per
+// token, blocks start in launch order, so rows of unequal lengths (as continuous batching leaves them)
+// would end with the longest rows started last and running alone. Block i (in launch order: x, then
+// y) takes instead the head group i % gridDim.y of the token ranked i / gridDim.y by visible keys,
+// descending, ties by index: the long rows start first and the short ones fill the gaps. Only which
+// block computes an item changes, not its arithmetic, so results are the same bits (and stay
+// batch-invariant). Every block ranks the call's tokens itself from shared memory: no host sort, no
+// extra buffer, and the order follows the lengths a captured graph reads at replay.
+constexpr int kMaxLongestFirst = 256;
+
+__device__ int longest_first_token(const AttnArgs& a, int rank) {
+  __shared__ int keys[kMaxLongestFirst];
+  __shared__ int token;
+  const int ntok = int(gridDim.x);
+  for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
+    const Visible v = visible_keys(a, t);
+    keys[t] = v.hi - v.lo;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
+    const int n = keys[t];
+    int r = 0;
+    for (int u = 0; u < ntok; ++u) r += keys[u] > n || (keys[u] == n && u < t);
+    if (r == rank) token = t;  // ranks are a permutation: exactly one thread writes
+  }
+  __syncthreads();
+  return token;
+}
+
 __device__ Work block_work(const AttnArgs& a) {
   Work w;
   w.t = blockIdx.x;
+  int hg = blockIdx.y;  // head group
+  if (a.longest_first) {
+    const int i = int(blockIdx.y * gridDim.x + blockIdx.x);
+    hg = i % int(gridDim.y);
+    w.t = longest_first_token(a, i / int(gridDim.y));
+  }
   const int groups = a.q_heads / a.kv_heads;
   const int per_kv = groups / a.heads_per_block;
-  w.kvh = blockIdx.y / per_kv;
-  w.qh0 = w.kvh * groups + (blockIdx.y % per_kv) * a.heads_per_block;
+  w.kvh = hg / per_kv;
+  w.qh0 = w.kvh * groups + (hg % per_kv) * a.heads_per_block;
   w.H = a.heads_per_block;
-  const int pos = a.slot[w.t], kvl = a.kv_len[w.t];
-  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int hi = min(pos + 1, kvl);  // exclusive
+  const Visible v = visible_keys(a, w.t);
+  const int lo = v.lo, hi = v.hi;  // hi exclusive
   const int n = hi - lo;
   w.s0 = w.s1 = lo;
   w.active = 0;
@@ -297,9 +341,11 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fast_kernel(AttnArgs a) {
   using C = Fast<T, D>;
   constexpr int HMAX = C::HMAX, EPL = C::EPL, VEC = C::VEC, NV = C::NV, LPK = C::LPK, KPG = C::KPG;
+  // The work split reads only the call's metadata (rows, slots, lengths), which the host uploads
+  // before the step and no kernel writes: it runs before the wait, under the previous kernel's tail.
+  const Work w = block_work(a);
   pdl_wait();
   pdl_trigger();
-  const Work w = block_work(a);
   if (w.active == 0) {
     if (blockIdx.z == 0) write_zeros<T>(a, w);
     return;
@@ -478,9 +524,11 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
 // (aligned vector loads).
 template <typename T, int DPL, bool kFull>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs a) {
+  // The work split reads only the call's metadata (rows, slots, lengths), which the host uploads
+  // before the step and no kernel writes: it runs before the wait, under the previous kernel's tail.
+  const Work w = block_work(a);
   pdl_wait();
   pdl_trigger();
-  const Work w = block_work(a);
   if (w.active == 0) {
     if (blockIdx.z == 0) write_zeros<T>(a, w);
     return;
@@ -616,6 +664,9 @@ void run(const char* name, Kernel kernel, AttnArgs a, int chunk, size_t smem, co
     slices = std::max<int64_t>(slices, 1);
   }
   a.slices = int(slices);
+  // Longest first where it can matter: one token per row, one slice each, more items than a wave.
+  // (finish_slices indexes its counters by blockIdx.y, so the remapping is for one slice only.)
+  a.longest_first = slices == 1 && p.rows == ntok && ntok <= kMaxLongestFirst && base_blocks > wave;
   a.chunk = chunk;
   a.part_acc = ws.floats;
   a.part_ml = ws.floats + ntok * p.q_heads * slices * p.head_dim;
@@ -675,7 +726,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
     }
   AttnArgs a{p.q.data, p.q.ld, p.out.data, p.out.ld, p.q_heads, p.kv_heads, p.head_dim, hpb, p.window,
              p.scale * kLog2e, p.meta.row, p.meta.slot, p.meta.kv_len, p.cache.k, p.cache.v, p.cache.batch_stride,
-             p.cache.head_stride, p.cache.slot_stride, 1, 1, nullptr, nullptr, nullptr};
+             p.cache.head_stride, p.cache.slot_stride, 1, 1, 0, nullptr, nullptr, nullptr};
   a.slices = batch_invariant ? 1 : 0;
   dispatch(p.q.dtype, "attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
