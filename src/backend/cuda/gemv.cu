@@ -1,4 +1,4 @@
-// y = x w^T (+bias) for 1..8 tokens: a weight-streaming kernel (cuBLASLt's GEMM tiles waste most of
+// y = x w^T (+bias) for few tokens (one, kMaxGemvTokens, is what it runs): a weight-streaming kernel (cuBLASLt's GEMM tiles waste most of
 // their work at this size). Each warp owns one output row, reads it with 16-byte loads, several
 // in flight per lane, and keeps the tokens' partial sums in registers; x is re-read from L1/L2.
 // With the SwiGLU epilogue a warp reads the gate row and the up row of one output, so the MLP's gate/up
@@ -121,26 +121,23 @@ void launch_nt(const GemvArgs& a, cudaStream_t s) {
   launch("gemv_kernel", gemv_kernel<T, NT, kSwiglu>, dim3(blocks), dim3(kWarps * 32), 0, s, a);
 }
 
+// Tokens the GEMV kernel takes. One: on the H200 (Qwen3-8B shapes, bf16, 2026-12-02) cuBLASLt was
+// faster from two tokens on, and far faster at eight (decode tok/s at batch 2/4/8: 377/749/1,435
+// with cuBLASLt against 358/605/596 with this kernel), whose per-token passes do not reuse a weight
+// load across tokens well enough.
+constexpr int kMaxGemvTokens = 1;
+
 template <bool kSwiglu>
 void launch_any(DType dt, const GemvArgs& a, cudaStream_t s) {
   dispatch(dt, "linear", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    switch (a.T) {
-      case 1: launch_nt<T, 1, kSwiglu>(a, s); break;
-      case 2: launch_nt<T, 2, kSwiglu>(a, s); break;
-      case 3: launch_nt<T, 3, kSwiglu>(a, s); break;
-      case 4: launch_nt<T, 4, kSwiglu>(a, s); break;
-      case 5: launch_nt<T, 5, kSwiglu>(a, s); break;
-      case 6: launch_nt<T, 6, kSwiglu>(a, s); break;
-      case 7: launch_nt<T, 7, kSwiglu>(a, s); break;
-      default: launch_nt<T, 8, kSwiglu>(a, s); break;
-    }
+    launch_nt<T, kMaxGemvTokens, kSwiglu>(a, s);
   });
 }
 
-// Whether the GEMV kernel takes x [T, K], w [rows, K] and y: few tokens, one dtype, 16-byte rows.
+// Whether the GEMV kernel takes x [T, K], w [rows, K] and y: one token, one dtype, 16-byte rows.
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
-  if (x.rows < 1 || x.rows > 8 || x.dtype != w.dtype || y.dtype != w.dtype) return false;
+  if (x.rows < 1 || x.rows > kMaxGemvTokens || x.dtype != w.dtype || y.dtype != w.dtype) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
   const size_t es = dtype_size(w.dtype);
   return w.cols % V == 0 && aligned16(w.data, w.ld, es) && aligned16(x.data, x.ld, es) && w.rows <= INT32_MAX &&
