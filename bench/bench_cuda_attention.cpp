@@ -72,6 +72,23 @@ struct Setup {
   }
 };
 
+// Replays the graph (kRounds x kLayers attention calls) once to warm up, then once per benchmark
+// iteration, each timed to its completion; returns the summed seconds.
+double time_replays(benchmark::State& state, Setup& s, Graph& graph) {
+  graph.replay();
+  s.be->synchronize();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    graph.replay();
+    s.be->synchronize();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+  }
+  return seconds;
+}
+
 AttentionParams params(Setup& s, int layer) {
   AttentionParams p;
   p.q = mat(s.q.get(), DType::BF16, 1, int64_t(kQHeads) * kHeadDim);
@@ -154,19 +171,8 @@ void BM_DecodeAttention(benchmark::State& state) {
     state.SkipWithError("the backend did not capture a graph");
     return;
   }
-  graph->replay();  // warm-up
-  s.be->synchronize();
-  double seconds = 0;
-  int64_t calls = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    graph->replay();
-    s.be->synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.SetIterationTime(dt);
-    seconds += dt;
-    calls += int64_t(kRounds) * kLayers;
-  }
+  const double seconds = time_replays(state, s, *graph);
+  const int64_t calls = int64_t(state.iterations()) * kRounds * kLayers;
   const double bytes = 2.0 * kKvHeads * double(kv_len) * kHeadDim * 2;  // K and V read per call
   state.counters["us_per_call"] = seconds / double(calls) * 1e6;
   state.counters["GB/s"] = bytes * double(calls) / seconds / 1e9;
@@ -278,19 +284,8 @@ void BM_DecodeAttentionBatch(benchmark::State& state) {
     state.SkipWithError("the backend did not capture a graph");
     return;
   }
-  graph->replay();  // warm-up
-  s.be->synchronize();
-  double seconds = 0;
-  int64_t calls = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    graph->replay();
-    s.be->synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.SetIterationTime(dt);
-    seconds += dt;
-    calls += int64_t(kRounds) * kLayers;
-  }
+  const double seconds = time_replays(state, s, *graph);
+  const int64_t calls = int64_t(state.iterations()) * kRounds * kLayers;
   const double bytes = 2.0 * kKvHeads * double(total) * kHeadDim * 2;  // K and V of every row per call
   state.counters["us_per_call"] = seconds / double(calls) * 1e6;
   state.counters["GB/s"] = bytes * double(calls) / seconds / 1e9;

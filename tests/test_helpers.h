@@ -2,11 +2,16 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -30,6 +35,21 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Runs a shell command, returning its exit status (-1 when it did not exit normally) and its
+// stdout+stderr.
+inline std::pair<int, std::string> sh(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+// A path or argument single-quoted for the shell (none of ours holds a quote).
+inline std::string q(const std::string& s) { return "'" + s + "'"; }
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));

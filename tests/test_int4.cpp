@@ -95,17 +95,8 @@ float allclose_excess(const HostTensor& a, const HostTensor& b, float atol, floa
   return worst;
 }
 
-std::pair<int, std::string> sh(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-std::string q(const std::string& s) { return "'" + s + "'"; }
+using test::q;
+using test::sh;
 
 // ---------------------------------------------------------------------------------------------
 

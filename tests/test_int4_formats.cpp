@@ -396,16 +396,8 @@ TEST(Int4FormatsScales, Fp16ScalesAreExactInF16AndF32AndRoundedWithAWarningInBf1
   }
 }
 
-std::pair<int, std::string> sh(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using test::q;
+using test::sh;
 
 // The command line straight from a published folder: generate gives the tokens of the f32 folder of
 // the dequantized weights (the logits are bitwise equal without act-order), bench runs, and build +
