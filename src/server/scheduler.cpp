@@ -81,13 +81,13 @@ void Scheduler::submit_now(Pending& p) {
     std::shared_ptr<Channel> ch = p.channel;
     r.on_token = [ch, choice](const TokenEvent& e) {
       if (e.logprob) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}, e.id, *e.logprob});
-      else if (!e.text.empty()) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}});
+      else if (!e.text.empty()) ch->push(ChoiceEvent{choice, std::string(e.text), false, false, {}, -1, {}});
     };
     auto cancel = r.cancel;
     r.on_done = [this, ch, choice, cancel](const Completion& c) {
       metrics_.count_finished(stop_reason_name(c.stop), c.prompt_tokens, c.computed_prompt_tokens, int64_t(c.ids.size()),
                               c.ttft_s, c.decode_s);
-      ch->push(ChoiceEvent{choice, {}, true, false, c});
+      ch->push(ChoiceEvent{choice, {}, true, false, c, -1, {}});
       cancels_.erase(std::remove(cancels_.begin(), cancels_.end(), cancel), cancels_.end());
     };
     try {
@@ -99,7 +99,7 @@ void Scheduler::submit_now(Pending& p) {
       Completion c;
       c.stop = StopReason::Error;
       c.error = e.what();
-      p.channel->push(ChoiceEvent{choice, {}, true, true, c});
+      p.channel->push(ChoiceEvent{choice, {}, true, true, c, -1, {}});
     }
   }
 }
