@@ -383,6 +383,11 @@ TEST(TensorParallelProcesses, RefusesABadValueAndEngineDirectories) {
                                                            " --prompt-ids 1,2,3", &st);
   EXPECT_NE(st, 0);
   EXPECT_NE(out.find("INGOT_TP_PROCESSES=yes: must be 1 (ranks as processes) or 0 (threads)"), std::string::npos) << out;
+  for (const char* cmd : {"serve", "chat"}) {
+    out = run_cli("INGOT_TP_PROCESSES=1", std::string(cmd) + " --tp 2 --device cpu --model " + test::fixture("qwen3") + " < /dev/null", &st);
+    EXPECT_NE(st, 0);
+    EXPECT_NE(out.find(std::string("`ingot ") + cmd + "` cannot run its ranks as processes yet"), std::string::npos) << out;
+  }
   const std::string dir = ::testing::TempDir() + "ingot_tp_proc_engine";
   std::filesystem::remove_all(dir);
   run_cli("", "build --tp 2 --model " + test::fixture("qwen3") + " -o " + dir, &st);

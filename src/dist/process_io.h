@@ -133,8 +133,8 @@ static_assert(sizeof(MsgHeader) == 32);
 // Writes the header and the payload (send with MSG_NOSIGNAL: a dead peer is an error, not SIGPIPE).
 // Returns false when the peer is gone (EPIPE, ECONNRESET); throws Error on anything else.
 bool send_msg(int fd, const MsgHeader& h, const void* payload);
-// Reads exactly n bytes. Returns false on end of file (the peer closed or ended) before any byte of a
-// message... or inside one; throws Error when the deadline passes (nullopt: no deadline).
+// Reads exactly n bytes. Returns false on end of file or a reset (the peer closed or ended); throws
+// Error when the deadline passes first (nullopt: no deadline).
 bool recv_all(int fd, void* p, size_t n, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 // Waits until fd is readable (or hung up); false when the deadline passed first.
 bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline);
