@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cstdlib>
+
 #include <sstream>
 
 #include "core/error.h"
@@ -36,6 +38,15 @@ void ModelArgs::check_tp() const {
   if (tp != 1 && device == "cuda")
     throw Error("--tp " + std::to_string(tp) + " --device cuda: tensor parallelism on the GPU is not implemented yet "
                 "(NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
+}
+
+void refuse_tp_processes(const std::string& command) {
+  // Ranks as processes run the same command in every process (SPMD): fine for a batch command, but a
+  // server would bind its port N times and a chat would read the terminal N times.
+  const char* v = std::getenv("INGOT_TP_PROCESSES");
+  if (v && std::string(v) == "1")
+    throw Error("INGOT_TP_PROCESSES=1: `ingot " + command + "` cannot run its ranks as processes yet (check, generate "
+                "and bench can); unset it to run the ranks as threads");
 }
 
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,

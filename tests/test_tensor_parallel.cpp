@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
+#include <filesystem>
 
 #include "backend/backend.h"
 #include "dist/in_process.h"
@@ -334,6 +336,66 @@ TEST(TensorParallelCli, CheckPassesAtTp2) {
   const std::string cmd = std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + test::fixture("qwen3") +
                           " --reference " + test::fixture("qwen3") + "/reference.safetensors > /dev/null 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace ingot
+
+// Ranks as processes (INGOT_TP_PROCESSES=1, dist/process_group.h): the same command passes the
+// check, and generates the same tokens as the thread group and as one rank.
+namespace ingot {
+namespace {
+
+std::string run_cli(const std::string& env, const std::string& args, int* status) {
+  const std::string cmd = env + " " + std::string(INGOT_BINARY) + " " + args + " 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *status = ::pclose(p);
+  return out;
+}
+
+TEST(TensorParallelProcesses, CheckPassesAndTokensMatchThreadsAndOneRank) {
+  for (const char* m : {"qwen3", "llama3"}) {
+    int st = 0;
+    const std::string check = "check --tp 2 --device cpu --model " + test::fixture(m) + " --reference " +
+                              test::fixture(m) + "/reference.safetensors";
+    const std::string out = run_cli("INGOT_TP_PROCESSES=1", check, &st);
+    EXPECT_EQ(st, 0) << m << ": " << out;
+    EXPECT_NE(out.find("check passed"), std::string::npos) << out;
+    const std::string gen = "generate --device cpu --model " + test::fixture(m) + " --prompt-ids 1,2,3";
+    int s1 = 0, s2 = 0, s3 = 0;
+    const std::string procs = run_cli("INGOT_TP_PROCESSES=1", gen + " --tp 2", &s1);
+    const std::string threads = run_cli("INGOT_TP_PROCESSES=0", gen + " --tp 2", &s2);
+    const std::string one = run_cli("", gen, &s3);
+    EXPECT_EQ(s1 | s2 | s3, 0) << procs;
+    EXPECT_NE(procs.find("generated 16 tokens"), std::string::npos) << procs;
+    EXPECT_EQ(procs, threads) << m;
+    EXPECT_EQ(procs, one) << m;
+  }
+}
+
+TEST(TensorParallelProcesses, RefusesABadValueAndEngineDirectories) {
+  int st = 0;
+  std::string out = run_cli("INGOT_TP_PROCESSES=yes", "generate --tp 2 --device cpu --model " + test::fixture("qwen3") +
+                                                           " --prompt-ids 1,2,3", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("INGOT_TP_PROCESSES=yes: must be 1 (ranks as processes) or 0 (threads)"), std::string::npos) << out;
+  for (const char* cmd : {"serve", "chat"}) {
+    out = run_cli("INGOT_TP_PROCESSES=1", std::string(cmd) + " --tp 2 --device cpu --model " + test::fixture("qwen3") + " < /dev/null", &st);
+    EXPECT_NE(st, 0);
+    EXPECT_NE(out.find(std::string("`ingot ") + cmd + "` cannot run its ranks as processes yet"), std::string::npos) << out;
+  }
+  const std::string dir = ::testing::TempDir() + "ingot_tp_proc_engine";
+  std::filesystem::remove_all(dir);
+  run_cli("", "build --tp 2 --model " + test::fixture("qwen3") + " -o " + dir, &st);
+  ASSERT_EQ(st, 0);
+  out = run_cli("INGOT_TP_PROCESSES=1", "generate --device cpu --engine " + dir + " --prompt-ids 1,2,3", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("INGOT_TP_PROCESSES=1 with an engine directory"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

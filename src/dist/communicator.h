@@ -2,7 +2,8 @@
 // Every rank of a group calls the same collectives in the same order with the same sizes; a call
 // returns on a rank once its own result is in place. Implementations: in_process.h (threads of one
 // process, one CPU backend each, for CI); NCCL (one process per GPU, collectives captured in the
-// decode graph) is the next part of issue 15 (docs/tensor-parallel.md).
+// decode graph) is the next part of issue 15 (docs/tensor-parallel.md). process_group.h: processes of
+// one host, through rank 0, for the CPU backend.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/reduce.h"
 
 namespace ingot {
 
@@ -13,25 +14,15 @@ class InProcessGroup::Rank final : public Communicator {
   int world() const override { return g_.world_; }
 
   void all_reduce_sum(void* buf, int64_t count, DType dtype) override {
-    if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
-      throw Error("all_reduce_sum: " + std::string(dtype_name(dtype)) + " buffers are not supported");
+    check_reduce_dtype(dtype);
     publish(buf);
-    // Every rank sums all contributions itself, in rank order, into its own scratch: the others'
-    // buffers are only read until the second barrier, after which each rank overwrites its own.
-    sum_.assign(size_t(count), 0.0f);
-    std::vector<float> part(dtype == DType::F32 ? 0 : size_t(count));
-    for (int r = 0; r < g_.world_; ++r) {
-      const float* src = static_cast<const float*>(g_.published_[size_t(r)]);
-      if (dtype != DType::F32) {
-        convert_to_f32(dtype, g_.published_[size_t(r)], part.data(), part.size());
-        src = part.data();
-      }
-      if (r == 0) std::memcpy(sum_.data(), src, size_t(count) * sizeof(float));
-      else
-        for (int64_t i = 0; i < count; ++i) sum_[size_t(i)] += src[i];
-    }
+    // Every rank sums all contributions itself, in rank order (dist/reduce.h), into its own scratch:
+    // the others' buffers are only read until the second barrier, after which each rank overwrites its
+    // own with the rounded sum.
+    result_.resize(size_t(count) * dtype_size(dtype));
+    sum_in_rank_order(g_.published_.data(), g_.world_, count, dtype, result_.data(), sum_, widened_);
     g_.arrive_and_wait();
-    convert_from_f32(dtype, sum_.data(), buf, size_t(count));
+    if (count > 0) std::memcpy(buf, result_.data(), result_.size());
   }
 
   void all_gather(const void* send, void* recv, size_t bytes) override {
@@ -57,7 +48,8 @@ class InProcessGroup::Rank final : public Communicator {
   }
   InProcessGroup& g_;
   int rank_;
-  std::vector<float> sum_;  // [count] this rank's copy of the sum
+  std::vector<float> sum_, widened_;  // scratch of sum_in_rank_order
+  std::vector<uint8_t> result_;      // [count] of the dtype: this rank's copy of the rounded sum
 };
 
 InProcessGroup::InProcessGroup(int world) : world_(world) {

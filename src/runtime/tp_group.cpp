@@ -1,6 +1,7 @@
 #include "runtime/tp_group.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "core/error.h"
@@ -21,6 +22,14 @@ void check_backend(const Backend& backend, int world) {
                 " backend is not implemented yet (NCCL is the next part); --device cpu runs it in-process");
 }
 
+// INGOT_TP_PROCESSES: "1" runs the ranks as processes, "0" or unset as threads.
+bool processes_wanted() {
+  const char* v = std::getenv("INGOT_TP_PROCESSES");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw Error(std::string("INGOT_TP_PROCESSES=") + v + ": must be 1 (ranks as processes) or 0 (threads)");
+}
+
 }  // namespace
 
 std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, const Backend& backend, const RuntimeOptions& options) {
@@ -28,6 +37,15 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, const Backend& back
   check_tensor_parallel(engine.spec, options.tp);
   check_backend(backend, options.tp);
   std::unique_ptr<TpGroup> g(new TpGroup(options.tp));
+  if (processes_wanted()) {
+    // Every process loaded the whole engine (it runs the same command) and slices its own rank out
+    // of it: the same slice the thread group would give that rank, so the same bits.
+    ProcessGroupOptions po;
+    po.world = options.tp;
+    g->procs_ = ProcessGroup::start(po);
+    g->shards_.push_back(shard_engine(engine, options.tp, g->procs_->rank()));
+    return g;
+  }
   for (int r = 0; r < options.tp; ++r) g->shards_.push_back(shard_engine(engine, options.tp, r));
   return g;
 }
@@ -35,6 +53,9 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, const Backend& back
 std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards, const Backend& backend,
                                              const RuntimeOptions& options) {
   const int world = int(shards.size());
+  if (processes_wanted())
+    throw Error("INGOT_TP_PROCESSES=1 with an engine directory: loading one rank's file per process is not "
+                "implemented yet; load the checkpoint (--model) or run the ranks as threads");
   if (options.tp != world)
     throw Error("--tp " + std::to_string(options.tp) + ": the engine is split over " + std::to_string(world) + " ranks");
   check_backend(backend, world);
@@ -58,6 +79,7 @@ std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards,
 }
 
 void TpGroup::start_peers(const RuntimeOptions& options) {
+  if (procs_) return;  // the other ranks are the other processes
   // The ranks share the machine's cores.
   const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world());
   run([&](int r) {

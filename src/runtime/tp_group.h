@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "dist/in_process.h"
+#include "dist/process_group.h"
 #include "dist/rank_threads.h"
 #include "io/engine.h"
 #include "runtime/memory_plan.h"
@@ -30,16 +31,23 @@ class TpGroup {
   ~TpGroup();
 
   int world() const { return comms_.world(); }
+  // Ranks as processes (INGOT_TP_PROCESSES=1, dist/process_group.h): this process is one rank, and
+  // shard(0), comm(0) and run() are that rank's, whichever it is; every process runs the same calls.
+  bool processes() const { return procs_ != nullptr; }
   const Engine& shard(int rank) const { return shards_[size_t(rank)]; }
-  Communicator& comm(int rank) { return comms_.comm(rank); }
+  Communicator& comm(int rank) { return procs_ ? procs_->comm() : comms_.comm(rank); }
   // Makes ranks 1..world-1: a CPU backend and a Model over its slice each, in the rank's own thread.
   void start_peers(const RuntimeOptions& options);
   Model& peer(int rank) { return *peers_[size_t(rank)]; }
   // fn(rank) on every rank's thread at once (rank 0 on the caller's); rethrows the failing rank's error.
-  void run(const std::function<void(int rank)>& fn) { threads_.run(fn); }
+  void run(const std::function<void(int rank)>& fn) {
+    if (procs_) return fn(0);
+    threads_.run(fn);
+  }
 
  private:
   explicit TpGroup(int world);
+  std::unique_ptr<ProcessGroup> procs_;  // ranks as processes; then comms_ and threads_ stay idle
   InProcessGroup comms_;
   std::vector<Engine> shards_;                     // [world]
   std::vector<std::unique_ptr<Backend>> backends_;  // [world]; rank 0 runs on the Model's own backend
