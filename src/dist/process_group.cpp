@@ -117,6 +117,19 @@ struct ProcessGroup::Collective {
   std::function<void()> combine;        // rank 0: makes the result once every contribution is in
 };
 
+namespace {
+// The header of a collective's message: a worker's contribution (Data) or rank 0's result (Result).
+proc::MsgHeader header(proc::MsgType type, uint32_t op, uint32_t aux, uint64_t seq, uint64_t bytes) {
+  proc::MsgHeader h;
+  h.type = uint32_t(type);
+  h.op = op;
+  h.seq = seq;
+  h.bytes = bytes;
+  h.aux = aux;
+  return h;
+}
+}  // namespace
+
 class ProcessGroup::Comm final : public Communicator {
  public:
   explicit Comm(ProcessGroup& g) : g_(g) {}
@@ -490,12 +503,7 @@ void ProcessGroup::root_collective(Collective& c) {
     pending = std::move(still);
   }
   c.combine();
-  proc::MsgHeader h;
-  h.type = uint32_t(proc::MsgType::Result);
-  h.op = uint32_t(c.op);
-  h.seq = seq_;
-  h.bytes = c.result_bytes;
-  h.aux = c.aux;
+  const proc::MsgHeader h = header(proc::MsgType::Result, uint32_t(c.op), c.aux, seq_, c.result_bytes);
   for (int r = 1; r < world_; ++r)
     if (!proc::send_msg(peers_[size_t(r)].get(), h, c.result)) rank_lost(r, during);
 }
@@ -505,12 +513,7 @@ void ProcessGroup::worker_collective(Collective& c) {
   const std::string lost = "rank 0 (pid " + std::to_string(peer_pids_[0]) + ") closed its connection while rank " +
                            std::to_string(rank_) + " was in " + op_name(uint32_t(c.op)) + " #" + std::to_string(seq_) +
                            ": it ended or was killed";
-  proc::MsgHeader h;
-  h.type = uint32_t(proc::MsgType::Data);
-  h.op = uint32_t(c.op);
-  h.seq = seq_;
-  h.bytes = c.send_bytes;
-  h.aux = c.aux;
+  const proc::MsgHeader h = header(proc::MsgType::Data, uint32_t(c.op), c.aux, seq_, c.send_bytes);
   // A failed send is not final: rank 0's reason for closing (an Abort) may still be there to read.
   proc::send_msg(fd, h, c.send);
   proc::MsgHeader r;
