@@ -201,8 +201,11 @@ std::unique_ptr<ProcessGroup> ProcessGroup::start(const ProcessGroupOptions& opt
     return g;
   }
   // mpirun: Open MPI's variables, else MPICH / Hydra's PMI ones.
-  for (const auto& [rank_var, size_var] : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                           std::pair{"PMI_RANK", "PMI_SIZE"}}) {
+  for (const auto& vars : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, std::pair{"PMI_RANK", "PMI_SIZE"}}) {
+    // Plain variables, not a structured binding: clang before 16 refuses to capture a binding in the
+    // lambda below.
+    const char* const rank_var = vars.first;
+    const char* const size_var = vars.second;
     const std::string r = getenv_str(rank_var), s = getenv_str(size_var);
     if (r.empty() && s.empty()) continue;
     if (r.empty() || s.empty())
