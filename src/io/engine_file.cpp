@@ -53,19 +53,6 @@ void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
 }
 
-bool parse_hex64(const std::string& s, uint64_t& out) {
-  if (s.size() != 16) return false;
-  out = 0;
-  for (char c : s) {
-    int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
-    out = (out << 4) | uint64_t(d);
-  }
-  return true;
-}
-
 // Weight dtypes an engine may hold, by the names dtype_name() writes.
 bool parse_weight_dtype(const std::string& s, DType& out) {
   for (DType d : {DType::F32, DType::F16, DType::BF16})
@@ -74,22 +61,6 @@ bool parse_weight_dtype(const std::string& s, DType& out) {
       return true;
     }
   return false;
-}
-
-// Hashes `n` bytes in chunks, reporting each chunk to `tick`.
-template <typename Tick>
-uint64_t hash_chunked(const uint8_t* p, uint64_t n, Tick&& tick) {
-  XXH64_state_t* st = XXH64_createState();
-  if (!st) throw std::bad_alloc();
-  XXH64_reset(st, 0);
-  for (uint64_t at = 0; at < n; at += kHashChunk) {
-    const uint64_t c = std::min(kHashChunk, n - at);
-    XXH64_update(st, p + at, size_t(c));
-    tick(c);
-  }
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
-  return h;
 }
 
 // Absent is fine (the file is optional); present but unreadable (e.g. a directory) is an error.
@@ -339,6 +310,33 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
 
 }  // namespace
 
+bool parse_xxh64_hex(const std::string& s, uint64_t& out) {
+  if (s.size() != 16) return false;
+  out = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return false;
+    out = (out << 4) | uint64_t(d);
+  }
+  return true;
+}
+
+uint64_t xxh64_of(const uint8_t* p, uint64_t n, const std::function<void(uint64_t)>& tick) {
+  XXH64_state_t* st = XXH64_createState();
+  if (!st) throw std::bad_alloc();
+  XXH64_reset(st, 0);
+  for (uint64_t at = 0; at < n; at += kHashChunk) {
+    const uint64_t c = std::min(kHashChunk, n - at);
+    XXH64_update(st, p + at, size_t(c));
+    if (tick) tick(c);
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
 std::string xxh64_hex(uint64_t h) {
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
@@ -422,7 +420,7 @@ CheckpointExtras describe_checkpoint(const std::string& dir, const ProgressFn& p
     total += maps.back().second->size();
   }
   for (auto& [n, m] : maps) {
-    const uint64_t h = hash_chunked(m->data(), m->size(), [&](uint64_t c) {
+    const uint64_t h = xxh64_of(m->data(), m->size(), [&](uint64_t c) {
       done += c;
       if (progress) progress(done, total);
     });
@@ -701,7 +699,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
     f.string(files[i], p + ".name", "name");
     f.unsigned_(files[i], p + ".bytes", "bytes");
     uint64_t h;
-    if (!parse_hex64(f.string(files[i], p + ".xxh64", "xxh64"), h)) f.fail(p + ".xxh64", "must be 16 lowercase hex digits");
+    if (!parse_xxh64_hex(f.string(files[i], p + ".xxh64", "xxh64"), h)) f.fail(p + ".xxh64", "must be 16 lowercase hex digits");
   }
   f.object(m, "build_options", "build_options");
 
@@ -747,7 +745,7 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
     if (r.offset > info.file_bytes || r.bytes > info.file_bytes - r.offset)
       f.fail(p + ".offset", "of " + tp + ": bytes " + std::to_string(r.offset) + ".." + std::to_string(r.offset + r.bytes) +
                                 " lie outside the file (" + std::to_string(info.file_bytes) + " bytes)");
-    if (!parse_hex64(f.string(e, p + ".xxh64", "xxh64"), r.xxh64))
+    if (!parse_xxh64_hex(f.string(e, p + ".xxh64", "xxh64"), r.xxh64))
       f.fail(p + ".xxh64", "of " + tp + " must be 16 lowercase hex digits");
     info.tensors.push_back(std::move(r));
   }
@@ -804,7 +802,7 @@ LoadedEngine load_engine(const std::string& path, const LoadOptions& o) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t k = 0; k < n; ++k) {
       const EngineTensorRecord& r = info.tensors[order[size_t(k)]];
-      got[order[size_t(k)]] = hash_chunked(map->data() + r.offset, r.bytes, [&](uint64_t c) {
+      got[order[size_t(k)]] = xxh64_of(map->data() + r.offset, r.bytes, [&](uint64_t c) {
         const uint64_t d = done.fetch_add(c) + c;
         if (o.progress) {
 #pragma omp critical(ingot_engine_progress)

@@ -137,5 +137,9 @@ void check_parallel(const EngineFileInfo& info, int world_size, int rank);
 
 // xxHash64 (seed 0) as the 16 lowercase hex digits the metadata stores.
 std::string xxh64_hex(uint64_t h);
+// Its inverse: false unless s is exactly 16 lowercase hex digits.
+bool parse_xxh64_hex(const std::string& s, uint64_t& out);
+// xxHash64 (seed 0) of [p, p + n), hashed in chunks; tick (may be empty) gets each chunk's size.
+uint64_t xxh64_of(const uint8_t* p, uint64_t n, const std::function<void(uint64_t)>& tick);
 
 }  // namespace ingot

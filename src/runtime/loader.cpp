@@ -60,22 +60,12 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   if (!s.engine_path.empty() && is_engine_dir(s.engine_path)) {
     dir_ = inspect_tp_engine_dir(s.engine_path);  // the manifest and every rank file's header, no weight read
     file_ = dir_->ranks[0];
-    model_spec_ = file_->spec;
-    dtype_ = file_->weight_dtype;
-    if (requested && *requested != dtype_)
-      throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
-                  s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
   } else if (!s.engine_path.empty()) {
     file_ = inspect_engine(s.engine_path);
     if (file_->tp_world_size > 1)
       throw Error(s.engine_path + ": holds rank " + std::to_string(file_->tp_rank) + " of a model split over " +
                   std::to_string(file_->tp_world_size) + " ranks (parallel.tp_world_size): it is one slice; load the "
                   "directory that holds it and its manifest.json (--engine DIR)");
-    model_spec_ = file_->spec;
-    dtype_ = file_->weight_dtype;
-    if (requested && *requested != dtype_)
-      throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
-                  s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
   } else if (!s.model_dir.empty()) {
     model_spec_ = load_model_spec(s.model_dir);
     dtype_ = build_dtype(s.model_dir, model_spec_, requested);
@@ -86,6 +76,13 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   } else {
     model_spec_ = load_config_file(s.config_path);
     dtype_ = requested.value_or(DType::BF16);
+  }
+  if (file_) {  // an engine file or directory: the spec and the weight dtype were fixed at build
+    model_spec_ = file_->spec;
+    dtype_ = file_->weight_dtype;
+    if (requested && *requested != dtype_)
+      throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
+                  s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
   }
   // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {

@@ -2,7 +2,6 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <filesystem>
 #include <random>
@@ -69,31 +68,11 @@ std::string new_build_id() {
 
 uint64_t hash_file(const std::string& path, const ProgressFn& tick, uint64_t base, uint64_t total) {
   MappedFile map(path);
-  XXH64_state_t* st = XXH64_createState();
-  if (!st) throw std::bad_alloc();
-  XXH64_reset(st, 0);
-  constexpr size_t kChunk = 64ull << 20;
-  for (size_t at = 0; at < map.size(); at += kChunk) {
-    const size_t c = std::min(kChunk, map.size() - at);
-    XXH64_update(st, map.data() + at, c);
-    if (tick) tick(base + at + c, total);
-  }
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
-  return h;
-}
-
-bool parse_hex64(const std::string& s, uint64_t& out) {
-  if (s.size() != 16) return false;
-  out = 0;
-  for (char c : s) {
-    int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else return false;
-    out = out << 4 | uint64_t(v);
-  }
-  return true;
+  uint64_t done = base;
+  return xxh64_of(map.data(), map.size(), [&](uint64_t c) {
+    done += c;
+    if (tick) tick(done, total);
+  });
 }
 
 // Typed access to the manifest's fields; errors name the manifest and the field's path.
@@ -254,7 +233,7 @@ TpEngineDir inspect_tp_engine_dir(const std::string& dir) {
     if (rf.name.empty() || rf.name.find('/') != std::string::npos || rf.name == "." || rf.name == "..")
       f.fail(p + ".name", "'" + rf.name + "' must be a file name in the directory");
     rf.bytes = f.unsigned_(e, p + ".bytes", "bytes");
-    if (!parse_hex64(f.string(e, p + ".xxh64", "xxh64"), rf.xxh64)) f.fail(p + ".xxh64", "must be 16 lowercase hex digits");
+    if (!parse_xxh64_hex(f.string(e, p + ".xxh64", "xxh64"), rf.xxh64)) f.fail(p + ".xxh64", "must be 16 lowercase hex digits");
     d.files.push_back(rf);
   }
   // Every file: present, the manifest's size, then its header and metadata (validated by the engine
