@@ -179,7 +179,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   state.counters["copy_GB/s"] = s.copy_gbs;
   state.counters["rel_err"] = err;
 }
-BENCHMARK(BM_DecodeAttention)->Arg(1024)->Arg(8192)->Arg(32768)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeAttention)->Arg(128)->Arg(384)->Arg(1024)->Arg(8192)->Arg(32768)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // 64 rows of one decode token each over a [64, kv_heads, 1024, head_dim] cache per layer (the random
 // K and V of the first 1024 slots of the batch-1 setup, copied into every row): the served step.

@@ -143,7 +143,9 @@ TEST_P(CudaOps, Embedding) {
 }
 
 TEST_P(CudaOps, AddRmsNorm) {
-  for (int64_t H : {64, 1000, 4097}) {
+  // Widths of whole 16-byte vectors take the vector kernel (one to four vectors a thread); 4097, 16392
+  // (five vectors a thread in 16 bits) and 16384 in f32 the scalar one.
+  for (int64_t H : {64, 1000, 4096, 4097, 16384, 16392}) {
     for (bool with_delta : {false, true}) {
       const int64_t T = 3;
       auto x = rnd(size_t(T * H)), d = rnd(size_t(T * H)), w = rnd(size_t(H));
@@ -166,9 +168,12 @@ TEST_P(CudaOps, Linear) {
     int64_t T, N, K;
     bool bias;
   };
-  // Few tokens (the GEMV path, including its unrolled and tail loops), odd K (cuBLASLt fallback) and
-  // larger T (cuBLASLt).
-  for (Shape s : {Shape{1, 37, 64, false}, Shape{3, 129, 1096, true}, Shape{8, 70, 2048, false},
+  // One token (the GEMV kernel: each split of K it takes, one, two and four warps per row, with their
+  // full and tail steps and a last block of rows past N), odd K (cuBLASLt fallback) and more tokens
+  // (cuBLASLt).
+  for (Shape s : {Shape{1, 37, 64, false}, Shape{1, 129, 1024, true}, Shape{1, 70, 1096, false},
+                  Shape{1, 33, 2048, true}, Shape{1, 131, 3072, false}, Shape{1, 65, 4104, true},
+                  Shape{3, 129, 1096, true}, Shape{8, 70, 2048, false},
                   Shape{5, 33, 67, true}, Shape{17, 70, 130, false}, Shape{64, 256, 512, true}}) {
     auto x = rnd(size_t(s.T * s.K)), w = rnd(size_t(s.N * s.K), 0.05f), b = rnd(size_t(s.N));
     Side& g = *gpu_;
@@ -181,13 +186,15 @@ TEST_P(CudaOps, Linear) {
   }
 }
 
-// The fused gate/up product + SwiGLU of decode equals the two ops it replaces bit for bit on the GPU
-// (same GEMV accumulation, same roundings), and the CPU's two ops within tolerance.
+// The fused gate/up product + SwiGLU of one-token decode equals the two ops it replaces bit for bit on
+// the GPU (the same split of K as the plain GEMV, so the same accumulation, and the same roundings), and
+// the CPU's two ops within tolerance. More tokens go to cuBLASLt: the fused op declines them.
 TEST_P(CudaOps, LinearSwigluMatchesTwoOps) {
   struct Shape {
     int64_t T, I, K;
   };
-  for (Shape s : {Shape{1, 96, 64}, Shape{3, 37, 1096}, Shape{8, 300, 2048}, Shape{1, 3072, 1024}}) {
+  for (Shape s : {Shape{1, 96, 64}, Shape{1, 37, 1096}, Shape{1, 300, 2048}, Shape{1, 3072, 1024},
+                  Shape{1, 77, 3072}, Shape{1, 130, 4104}}) {
     auto x = rnd(size_t(s.T * s.K)), w = rnd(size_t(2 * s.I * s.K), 0.05f);
     Side& g = *gpu_;
     Side& c = *cpu_;
@@ -206,6 +213,13 @@ TEST_P(CudaOps, LinearSwigluMatchesTwoOps) {
     cpu_be_->linear(c.m(c.put(x), s.T, s.K), c.m(c.put(w), 2 * s.I, s.K), nullptr, c.m(cgu, s.T, 2 * s.I));
     cpu_be_->swiglu(c.m(cgu, s.T, 2 * s.I), c.m(cy, s.T, s.I));
     expect_close(got, c.get(cy, size_t(s.T * s.I)), tol(), what);
+  }
+  for (int64_t T : {2, 8}) {
+    Side& g = *gpu_;
+    void* gx = g.put(rnd(size_t(T * 64)));
+    void* gw = g.put(rnd(size_t(2 * 32 * 64), 0.05f));
+    void* out = g.put(std::vector<float>(size_t(T * 32)));
+    EXPECT_FALSE(gpu_be_->linear_swiglu(g.m(gx, T, 64), g.m(gw, 64, 64), g.m(out, T, 32))) << "T=" << T;
   }
 }
 
@@ -486,6 +500,7 @@ TEST_P(CudaOps, RopeCacheWrite) {
     bool qk_norm, heads_first;
   };
   for (Case cs : {Case{4, 2, 32, 32, false, true}, Case{8, 2, 24, 16, true, false}, Case{6, 3, 128, 128, true, true},
+                  Case{4, 2, 256, 192, true, true},
                   Case{2, 1, 64, 32, false, false}}) {
     const CacheSpec cspec{3, cs.kv_heads, 40, cs.head_dim, cs.heads_first};
     const std::vector<Chunk> chunks = {{2, 5, 3}, {0, 0, 7}, {1, 39, 1}};
