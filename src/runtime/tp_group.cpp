@@ -64,6 +64,10 @@ std::shared_ptr<RankProcess> RankProcess::start(const ProcessGroupOptions& optio
 std::shared_ptr<RankProcess> RankProcess::start(int world, Backend& backend) {
   ProcessGroupOptions po;
   po.world = world;
+  // Each process loads (or, for bench, generates) the whole model before it joins, which for a
+  // checkpoint of billions of weights takes longer than the group's default minute; a worker that ends
+  // is still noticed at once, so only a hung one waits this long.
+  po.join_timeout = std::chrono::minutes(10);
   return start(po, backend);
 }
 
