@@ -38,7 +38,7 @@ void add_chat(CLI::App& app) {
   a->text.add_chat_template(*cmd);
   cmd->add_option("--capacity", a->capacity, "cache slots for the whole conversation (default: 4096, or the engine's)");
   cmd->callback([a] {
-    refuse_tp_processes("chat");
+    refuse_tp_processes("chat", a->model);
     // An engine file brings its capacity: 0 takes it, a number must fit within it.
     api::Model model =
         load_text_model(a->model, a->text, a->capacity ? a->capacity : (a->model.engine_path.empty() ? 4096 : 0), true);

@@ -76,7 +76,8 @@ void add_check(CLI::App& app) {
                 l.backend->name().c_str(), std::string(dtype_name(wt)).c_str(), layout_name(l.model->state().layout()).c_str(),
                 co.tol.atol, co.tol.rtol);
     if (l.model->tp_world() > 1)
-      std::printf("tensor parallel: %d ranks (in-process; every rank's logits are bitwise the same)\n", l.model->tp_world());
+      std::printf("tensor parallel: %d ranks (%s; every rank's logits are bitwise the same)\n", l.model->tp_world(),
+                  l.ranks ? "one process per rank" : "in-process");
     std::printf("tolerances: atol %g (%s), rtol %g (%s), mean |dlogit| %s (%s)\n", co.tol.atol, src(atol).c_str(),
                 co.tol.rtol, src(rtol).c_str(), std::isinf(co.tol.mean_atol) ? "unbounded" : fmt_abs(co.tol.mean_atol).c_str(),
                 src(mean_atol).c_str());

@@ -121,7 +121,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--chat-template", a->chat_template, "file with a Jinja chat template to use instead of the model's");
   cmd->add_option("--max-body-mb", a->max_body_mb, "largest request body, in MiB")->check(int_range(1, 1024));
   cmd->callback([a] {
-    refuse_tp_processes("serve");
+    refuse_tp_processes("serve", a->model);
     BlockStopSignals blocked;
     if (a->host.empty()) throw Error("serve: --host is empty (127.0.0.1 for this machine only)");
     // Text in and out: the tokenizer and the template are read (and refused) before the weights.

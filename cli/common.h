@@ -34,8 +34,8 @@ struct ModelArgs {
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
   // What the runtime's loader needs (no progress callback).
   LoadSpec load_spec() const;
-  // Refuses --tp with --device cuda (not implemented yet) in every build; the rest of --tp is checked
-  // against the model by the loader (LoadPlan::fit).
+  // --tp N --device cuda: refuses a build without CUDA or NCCL and a machine with fewer than N GPUs,
+  // before anything is read; the rest of --tp is checked against the model by the loader (LoadPlan::fit).
   void check_tp() const;
 };
 
@@ -49,8 +49,9 @@ Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = fal
 // weights by the build, quant/int4.h).
 inline constexpr int64_t kDefaultInt4Group = 128;
 std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t group_size);
-// Refuses INGOT_TP_PROCESSES=1 for a command that cannot run as one process per rank (serve, chat).
-void refuse_tp_processes(const std::string& command);
+// Refuses ranks as processes for a command that cannot run as one process per rank (serve, chat):
+// INGOT_TP_PROCESSES=1, and --tp N on the GPU (where ranks are always processes).
+void refuse_tp_processes(const std::string& command, const ModelArgs& a);
 
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
                           std::string& calibration_ids, bool& quantize_lm_head);

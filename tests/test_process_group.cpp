@@ -207,6 +207,37 @@ TEST(ProcessGroupBadInput, MalformedOrContradictoryWorkerVariable) {
   test::expect_error([&] { ProcessGroup::start(o); }, {"rank 1", "cannot connect to /nonexistent/ingot-tp.sock"});
 }
 
+// The GPU a rank picks (one process per GPU) comes from local_rank_from_environment: a started
+// worker's rank, under mpirun the node-local rank the launcher gives (else the global rank), and 0
+// for a plain run even with a stray LOCAL_RANK.
+TEST(ProcessGroup, LocalRankFromTheEnvironment) {
+  ScopedEnv env;
+  for (const char* v : {kTpWorkerEnv, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
+                        "MPI_LOCALRANKID", "LOCAL_RANK"})
+    env.unset(v);
+  EXPECT_EQ(local_rank_from_environment(), 0);
+  env.set("LOCAL_RANK", "3");
+  EXPECT_EQ(local_rank_from_environment(), 0) << "LOCAL_RANK counts only under mpirun";
+  env.set("OMPI_COMM_WORLD_RANK", "5");
+  EXPECT_EQ(local_rank_from_environment(), 3);
+  env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+  EXPECT_EQ(local_rank_from_environment(), 1);
+  env.unset("OMPI_COMM_WORLD_LOCAL_RANK");
+  env.unset("LOCAL_RANK");
+  EXPECT_EQ(local_rank_from_environment(), 5);
+  env.unset("OMPI_COMM_WORLD_RANK");
+  env.set("PMI_RANK", "2");
+  EXPECT_EQ(local_rank_from_environment(), 2);
+  env.set("MPI_LOCALRANKID", "0");
+  EXPECT_EQ(local_rank_from_environment(), 0);
+  env.set("MPI_LOCALRANKID", "x");
+  test::expect_error([] { local_rank_from_environment(); }, {"MPI_LOCALRANKID", "'x' is not a whole number"});
+  env.set("MPI_LOCALRANKID", "-1");
+  test::expect_error([] { local_rank_from_environment(); }, {"MPI_LOCALRANKID=-1", "0 or more"});
+  env.set(kTpWorkerEnv, "3,4,0123456789abcdef0123456789abcdef,/tmp/x.sock");
+  EXPECT_EQ(local_rank_from_environment(), 3) << "a started worker's rank wins";
+}
+
 TEST(ProcessGroupBadInput, MpiVariablesAndRendezvousDirectory) {
   ScopedEnv env;
   ProcessGroupOptions o;

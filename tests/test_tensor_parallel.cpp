@@ -21,6 +21,7 @@
 #include "runtime/reference_check.h"
 #include "runtime/tp_split.h"
 #include "test_helpers.h"
+#include <nlohmann/json.hpp>
 
 namespace ingot {
 namespace {
@@ -396,6 +397,83 @@ TEST(TensorParallelProcesses, RefusesABadValueAndEngineDirectories) {
   EXPECT_NE(st, 0);
   EXPECT_NE(out.find("INGOT_TP_PROCESSES=1 with an engine directory"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ingot
+
+// Tensor parallelism on the GPU (one process per GPU over NCCL), as far as a machine without enough
+// GPUs can check it: the refusals come before any weight is read (the model folder here has only its
+// config.json, so a load would fail on the missing weights instead), each naming what is missing. The
+// runs themselves are tests/test_cuda_tp.cpp's, on 2 GPUs.
+namespace ingot {
+namespace {
+
+TEST(TensorParallelGpu, RefusedBeforeAnyWeightWithoutEnoughGpus) {
+#if defined(INGOT_WITH_CUDA) && defined(INGOT_WITH_NCCL)
+  const int n = cuda_device_count();
+  if (n >= 2) GTEST_SKIP() << "this machine has " << n << " GPUs: tests/test_cuda_tp.cpp runs --tp 2 on them";
+#endif
+  test::TempDir dir;
+  std::filesystem::copy_file(test::fixture("qwen3") + "/config.json", dir.file("config.json"));
+  int st = 0;
+  const std::string out = run_cli("", "generate --tp 2 --device cuda --model " + dir.str() + " --prompt-ids 1,2,3", &st);
+  EXPECT_NE(st, 0) << out;
+  EXPECT_NE(out.find("--tp 2 --device cuda"), std::string::npos) << out;
+#if !defined(INGOT_WITH_CUDA)
+  EXPECT_NE(out.find("this build of ingot has no CUDA backend"), std::string::npos) << out;
+#elif !defined(INGOT_WITH_NCCL)
+  EXPECT_NE(out.find("this build of ingot has no NCCL"), std::string::npos) << out;
+#else
+  EXPECT_NE(out.find("--tp 2 --device cuda needs 2 GPUs (one process per GPU); this machine has " + std::to_string(n)),
+            std::string::npos) << out;
+#endif
+  EXPECT_EQ(out.find("safetensors"), std::string::npos) << "the refusal came after the weights were looked for:\n" << out;
+  EXPECT_EQ(out.find("not implemented yet"), std::string::npos) << out;
+}
+
+// serve and chat cannot run their ranks as processes, which the GPU's ranks always are: refused before
+// anything is loaded, in every build.
+TEST(TensorParallelGpu, ServeAndChatRefuseTpOnTheGpu) {
+  for (const char* cmd : {"serve", "chat"}) {
+    int st = 0;
+    const std::string out =
+        run_cli("", std::string(cmd) + " --tp 2 --device cuda --model " + test::fixture("qwen3") + " < /dev/null", &st);
+    EXPECT_NE(st, 0) << out;
+    EXPECT_NE(out.find(std::string("`ingot ") + cmd + " --tp 2` on the GPU: the ranks are processes there"),
+              std::string::npos) << out;
+  }
+}
+
+// INGOT_TP_PROCESSES=0 (threads) with --device cuda is refused: threads are no option on the GPU. In a
+// build without CUDA the device is refused first.
+TEST(TensorParallelGpu, ThreadsRefusedOnTheGpu) {
+#if defined(INGOT_WITH_CUDA) && defined(INGOT_WITH_NCCL)
+  if (cuda_device_count() < 2) GTEST_SKIP() << "the GPU count is refused first on this machine";
+  int st = 0;
+  const std::string out = run_cli("INGOT_TP_PROCESSES=0", "generate --tp 2 --device cuda --model " +
+                                  test::fixture("qwen3") + " --prompt-ids 1,2,3", &st);
+  EXPECT_NE(st, 0) << out;
+  EXPECT_NE(out.find("INGOT_TP_PROCESSES=0 asks for ranks as threads, but on the GPU the ranks are processes"),
+            std::string::npos) << out;
+#else
+  GTEST_SKIP() << "no CUDA backend with NCCL in this build";
+#endif
+}
+
+// bench makes one Model per run; with ranks as processes they share the one process group, so every
+// process's runs pair up in order (two batch sizes, two prompt lengths: four Models).
+TEST(TensorParallelProcesses, BenchRunsSeveralModelsOverOneGroup) {
+  int st = 0;
+  const std::string out = run_cli("INGOT_TP_PROCESSES=1", "bench --config " + test::fixture("qwen3") +
+                                  "/config.json --device cpu --tp 2 --batch 1,2 --prompt-len 4,6 --new-tokens 3 "
+                                  "--json --quiet", &st);
+  ASSERT_EQ(st, 0) << out;
+  const size_t open = out.find('['), close = out.rfind(']');
+  ASSERT_TRUE(open != std::string::npos && close != std::string::npos && close > open) << out;
+  const nlohmann::json runs = nlohmann::json::parse(out.substr(open, close - open + 1));
+  ASSERT_EQ(runs.size(), 4u) << out;
+  for (const auto& r : runs) EXPECT_EQ(r.at("tp").get<int>(), 2) << r.dump();
 }
 
 }  // namespace

@@ -32,8 +32,10 @@ struct LoadConfig {
   // max_position_embeddings, and for an engine file the capacity it was built for). An engine file
   // refuses a value above the capacity it was built for.
   int64_t capacity = 0;
-  // Tensor-parallel ranks: the model split over this many ranks (CPU only for now: threads of this
-  // process; docs/tensor-parallel.md). 0 = the source's: an engine directory from `ingot build --tp N`
+  // Tensor-parallel ranks: the model split over this many ranks (docs/tensor-parallel.md). On the CPU
+  // threads of this process; on the GPU one process per GPU: this process becomes rank 0 and starts
+  // ranks 1..N-1 by re-executing its own executable with its own command line (SPMD), so a program
+  // using it there must run the same calls in every process. 0 = the source's: an engine directory from `ingot build --tp N`
   // runs at its N (another N given here is refused), anything else at 1 (not split).
   int tp = 0;
   // Engine files: called with bytes verified so far and in all (from one thread at a time).

@@ -228,6 +228,12 @@ class Backend {
   // Bytes alloc() could still hand out now (free device memory; for host memory what the kernel could
   // give without swapping), or nullopt when unknown. Checked against a MemoryPlan before allocating.
   virtual std::optional<size_t> available_memory_bytes() const { return std::nullopt; }
+  // The queue this backend's ops run on (a cudaStream_t on CUDA), or null where ops run on the host as
+  // they are called (the CPU). A device communicator (dist/nccl_communicator.h) enqueues its collectives
+  // on it, so they are ordered with the kernels around them and recorded by capture() like any kernel.
+  virtual void* native_stream() { return nullptr; }
+  // The GPU this backend runs on (its CUDA device ordinal), or -1 on the CPU.
+  virtual int device_ordinal() const { return -1; }
 
   // out[t, :] = table[ids[t], :]
   virtual void embedding(const Mat& table, const int32_t* ids, const Mat& out) = 0;
@@ -345,6 +351,9 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // kernel), the token-sequential delta rule (no chunked kernel). Slower; measured in docs/performance.md.
 std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device = 0, bool batch_invariant = false);
 bool cuda_available();
+// GPUs the CUDA runtime sees (0 when there is no driver or no device; never throws): what `--tp N
+// --device cuda` checks before anything is read or allocated, one GPU per rank.
+int cuda_device_count();
 #endif
 
 }  // namespace ingot

@@ -1,9 +1,10 @@
 // Communicator: the collectives tensor parallelism needs, over buffers in one rank's backend memory.
 // Every rank of a group calls the same collectives in the same order with the same sizes; a call
-// returns on a rank once its own result is in place. Implementations: in_process.h (threads of one
-// process, one CPU backend each, for CI); NCCL (one process per GPU, collectives captured in the
-// decode graph) is the next part of issue 15 (docs/tensor-parallel.md). process_group.h: processes of
-// one host, through rank 0, for the CPU backend.
+// returns on a rank once its own result is in place (on a device: once it is queued on the backend's
+// stream, ordered before what follows there). Implementations: in_process.h (threads of one process,
+// one CPU backend each, for CI); process_group.h (processes of one host, through rank 0, for the CPU
+// backend); nccl_communicator.h (one process per GPU, collectives on the CUDA backend's stream and
+// captured in the decode graph; its reduction order is stated there).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,7 @@ class Communicator {
   // buf [count] of `dtype` (f32, f16 or bf16) on every rank becomes the sum over ranks, added in rank
   // order (rank 0 + rank 1 + ... , accumulated in f32 and rounded once for 16-bit types), so every rank
   // holds bitwise the same result, which depends neither on timing nor on what else the buffer holds.
+  // NCCL keeps this for 2 ranks and not the order for more (nccl_communicator.h).
   virtual void all_reduce_sum(void* buf, int64_t count, DType dtype) = 0;
   // recv [world, bytes]: rank r's `send` lands at recv + r * bytes on every rank. `send` may be
   // recv + rank * bytes (in place), as NCCL allows.

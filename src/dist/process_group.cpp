@@ -192,6 +192,36 @@ std::vector<pid_t> ProcessGroup::worker_pids() const {
   return out;
 }
 
+int local_rank_from_environment() {
+  auto value = [](const char* var) {
+    const std::string v = getenv_str(var);
+    const int r = parse_int(v, var);
+    if (r < 0) throw Error(std::string(var) + "=" + v + ": a rank must be 0 or more");
+    return r;
+  };
+  const std::string worker = getenv_str(kTpWorkerEnv);
+  if (!worker.empty()) {
+    // "rank,world,token,socket": only the rank is read here; join_as_worker checks the whole spec.
+    const std::string r = worker.substr(0, worker.find(','));
+    const int rank = parse_int(r, kTpWorkerEnv);
+    if (rank < 0) throw Error(std::string(kTpWorkerEnv) + ": rank " + r + " is negative");
+    return rank;
+  }
+  // The local-rank variables count only under mpirun (a rank variable set, as start() requires): a
+  // LOCAL_RANK left in the environment of a plain run must not move rank 0 off GPU 0.
+  if (!getenv_str("OMPI_COMM_WORLD_RANK").empty()) {
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"})
+      if (!getenv_str(var).empty()) return value(var);
+    return value("OMPI_COMM_WORLD_RANK");
+  }
+  if (!getenv_str("PMI_RANK").empty()) {
+    for (const char* var : {"MPI_LOCALRANKID", "LOCAL_RANK"})
+      if (!getenv_str(var).empty()) return value(var);
+    return value("PMI_RANK");
+  }
+  return 0;
+}
+
 std::unique_ptr<ProcessGroup> ProcessGroup::start(const ProcessGroupOptions& options) {
   check_world(options.world, "the process group");
   const std::string worker = getenv_str(kTpWorkerEnv);

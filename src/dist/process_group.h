@@ -40,6 +40,14 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds join_timeout{60000};
 };
 
+// This process's index among the ranks of its host, from the environment alone (before any group is
+// started), for picking its GPU (one process per GPU, rank r on GPU r): a worker rank 0 started takes
+// the rank in INGOT_TP_WORKER; under mpirun the launcher's node-local rank when it gives one
+// (Open MPI: OMPI_COMM_WORLD_LOCAL_RANK, else LOCAL_RANK, else OMPI_COMM_WORLD_RANK; MPICH/Hydra:
+// MPI_LOCALRANKID, else LOCAL_RANK, else PMI_RANK); otherwise (the process the user started) 0. A value that is not a whole
+// number >= 0 is refused naming the variable. ProcessGroup::start checks the rest of the environment.
+int local_rank_from_environment();
+
 class ProcessGroup {
  public:
   // Rank 0 (starting the workers), a started worker (INGOT_TP_WORKER set) or an mpirun rank

@@ -7,6 +7,7 @@
 #include "models/family.h"
 #include "runtime/awq.h"
 #include "runtime/memory_plan.h"
+#include "runtime/tp_group.h"
 #include "runtime/tp_split.h"
 
 #ifdef INGOT_WITH_CUDA
@@ -36,11 +37,12 @@ std::string resolve_device(const std::string& device) {
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda)");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads, bool batch_invariant) {
+std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads, bool batch_invariant, int gpu) {
   const std::string d = resolve_device(device);  // refuses what this build cannot run
 #ifdef INGOT_WITH_CUDA
-  if (d == "cuda") return make_cuda_backend(dtype, 0, batch_invariant);
+  if (d == "cuda") return make_cuda_backend(dtype, gpu, batch_invariant);
 #else
+  (void)gpu;
   (void)dtype;
   (void)batch_invariant;  // the CPU backend is batch-invariant as it is
 #endif
@@ -52,9 +54,10 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   if (sources != 1) throw Error("give exactly one model source: a checkpoint folder, an engine file or a config.json");
   // Said the same in every build (with or without CUDA), before the device is resolved.
   if (!s.engine_path.empty() && s.device == "cuda" && is_engine_dir(s.engine_path))
-    throw Error(s.engine_path + " --device cuda: an engine directory is split over ranks, and tensor parallelism on the "
-                "GPU is not implemented yet (NCCL and one worker per GPU are the next part, docs/tensor-parallel.md); "
-                "--device cpu runs it in-process");
+    throw Error(s.engine_path + " --device cuda: an engine directory is split over ranks, and on the GPU the ranks are "
+                "processes (one per GPU), each of which would load its own rank's file: not implemented yet "
+                "(docs/tensor-parallel.md); load the checkpoint with --model and --tp N --device cuda, or run the "
+                "directory with --device cpu");
   device_ = resolve_device(s.device);
   const std::optional<DType> requested = s.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(s.dtype));
   if (!s.engine_path.empty() && is_engine_dir(s.engine_path)) {
@@ -132,15 +135,47 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
   if (rt.tp != 1) {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
-    if (device_ != "cpu")
-      throw Error(flag + " --device " + device_ + ": tensor parallelism on the GPU is not implemented yet (NCCL and "
-                  "one worker per GPU are the next part, docs/tensor-parallel.md); --device cpu runs it in-process");
     if (ls_.int4_group_size || published_ || (file_ && file_->quant))
       throw Error(flag + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+    if (device_ == "cuda") {
+      check_gpus_for_tensor_parallel(rt.tp);
+      tp_ranks_are_processes(true);  // refuses INGOT_TP_PROCESSES=0 (threads) here, before any weight is read
+    }
+    tp_ = rt.tp;
   }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
   check_host_memory(model_spec_, dtype_, rt, !file_, host_backend_.get());
   return rt;
+}
+
+void check_gpus_for_tensor_parallel(int tp) {
+  const std::string flag = "--tp " + std::to_string(tp) + " --device cuda";
+#ifndef INGOT_WITH_CUDA
+  throw Error(flag + ": this build of ingot has no CUDA backend (nvcc was not found at configure time)");
+#else
+#ifndef INGOT_WITH_NCCL
+  throw Error(flag + ": this build of ingot has no NCCL (libnccl and nccl.h were not found at configure time), which "
+              "tensor parallelism on the GPU needs; --device cpu runs it");
+#endif
+  // One process per GPU: the rank r started by rank 0 runs on GPU r (under mpirun, its local rank's).
+  const int n = cuda_device_count();
+  if (n < tp)
+    throw Error(flag + " needs " + std::to_string(tp) + " GPUs (one process per GPU); this machine has " +
+                std::to_string(n) + (n == 0 ? " (no usable CUDA device or driver)" : "") +
+                "; give --tp " + (n >= 2 ? "at most " + std::to_string(n) : std::string("1")) + " or --device cpu");
+#endif
+}
+
+int LoadPlan::gpu() const {
+  if (device_ != "cuda" || tp_ == 1) return 0;
+#ifdef INGOT_WITH_CUDA
+  // Checked by fit(): at least tp GPUs. A worker started by rank 0 has rank < tp; under mpirun the local
+  // rank is the launcher's, and the modulo keeps an oversubscribed host on a GPU that exists.
+  const int n = cuda_device_count();
+  return n > 0 ? local_rank_from_environment() % n : 0;
+#else
+  return 0;
+#endif
 }
 
 namespace {
@@ -151,9 +186,10 @@ void check_cuda_device(const LoadPlan& plan, const std::string& source) {
   if (plan.device() != "cuda") return;
 #ifdef INGOT_WITH_CUDA
   int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    throw Error("cannot query the compute capability of GPU 0");
+  const int gpu = plan.gpu();
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, gpu) != cudaSuccess)
+    throw Error("cannot query the compute capability of GPU " + std::to_string(gpu));
   if (plan.engine_file()) return check_device_capability(*plan.engine_file(), major, minor);
   const auto [need_major, need_minor] = min_cuda_capability(plan.weight_dtype());
   if (std::pair{major, minor} < std::pair{need_major, need_minor})
@@ -205,7 +241,7 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();
   l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, l.engine->weight_dtype, s.threads,
-                                                                                     s.batch_invariant);
+                                                                                     s.batch_invariant, plan.gpu());
   return l;
 }
 
@@ -217,9 +253,11 @@ Loaded load(const LoadSpec& spec, RuntimeOptions rt, bool layout_given) {
   return l;
 }
 
-std::unique_ptr<Model> Loaded::make_model(const RuntimeOptions& rt) const {
+std::unique_ptr<Model> Loaded::make_model(const RuntimeOptions& rt) {
   if (!shards.empty()) return std::make_unique<Model>(shards, *backend, rt);
-  return std::make_unique<Model>(*engine, *backend, rt);
+  // Ranks as processes: the group is started with the first Model and serves every later one.
+  if (rt.tp > 1 && !ranks && tp_ranks_are_processes(device == "cuda")) ranks = RankProcess::start(rt.tp, *backend);
+  return std::make_unique<Model>(*engine, *backend, rt, ranks);
 }
 
 }  // namespace ingot

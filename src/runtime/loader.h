@@ -43,8 +43,12 @@ struct LoadSpec {
 
 // "auto" becomes cuda when a GPU is usable, else cpu; cuda in a build without CUDA is refused.
 std::string resolve_device(const std::string& device);
+// gpu: the CUDA device ordinal (ignored on the CPU).
 std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads,
-                                      bool batch_invariant = false);
+                                      bool batch_invariant = false, int gpu = 0);
+// --tp N on the GPU, before anything is read or allocated: a build with CUDA and NCCL, and at least N
+// GPUs on this machine (one process per GPU). Error naming --tp, the GPUs needed and those there.
+void check_gpus_for_tensor_parallel(int tp);
 
 // What a load will be, decided from configs and headers only (no weight read yet).
 class LoadPlan {
@@ -57,6 +61,9 @@ class LoadPlan {
   // An engine directory's manifest and rank files, checked (runtime/tp_engine_dir.h).
   const std::optional<TpEngineDir>& engine_dir() const { return dir_; }
   const std::string& device() const { return device_; }
+  // The GPU this process runs on: 0, or with --tp N on the GPU (after fit) this process's rank's
+  // (dist/process_group.h, local_rank_from_environment: rank r on GPU r).
+  int gpu() const;
   // The runtime options a run will use: an engine file's bounds applied (capacity 0 takes the
   // smaller of the default and the stored one; more than stored is refused), and the host memory the
   // run takes there checked. Call once per Model to be made, before load().
@@ -72,6 +79,8 @@ class LoadPlan {
   std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
   bool published_ = false;  // a checkpoint folder with a quantization_config (io/quantized_checkpoint.h)
   std::string device_;
+  // The largest --tp fit() was given (bench fits once per run, all with the same --tp): picks the GPU.
+  mutable int tp_ = 1;
   std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
 };
 
@@ -83,6 +92,10 @@ struct Loaded {
   std::optional<EngineFileInfo> engine_file;
   std::string device;  // cpu | cuda
   std::unique_ptr<Backend> backend;
+  // Ranks as processes (always with --tp N on the GPU): this process's rank, started by the first
+  // make_model and shared by the later ones; between backend and model, so it goes after the Models
+  // and before the backend whose stream NCCL uses.
+  std::shared_ptr<RankProcess> ranks;
   std::unique_ptr<Model> model;
   double load_s = 0;  // reading, verifying or building the weights
 
@@ -90,7 +103,8 @@ struct Loaded {
   // on; no Model yet (one per fitted RuntimeOptions, made by the caller).
   static Loaded weights(LoadPlan&& plan);
   // A Model over the weights (over the shards from an engine directory) with fitted options.
-  std::unique_ptr<Model> make_model(const RuntimeOptions& rt) const;
+  // Ranks as processes: the first call starts this process's rank (RankProcess), the later ones share it.
+  std::unique_ptr<Model> make_model(const RuntimeOptions& rt);
 };
 
 // The whole load for one run: plan, fit, weights, Model.

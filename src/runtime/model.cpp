@@ -36,6 +36,9 @@ MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions&
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
     : Model(TpGroup::make(engine, be, options), nullptr, engine, be, options) {}
 
+Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks)
+    : Model(TpGroup::make(engine, be, options, std::move(ranks)), nullptr, engine, be, options) {}
+
 Model::Model(const std::vector<Engine>& shards, Backend& be, const RuntimeOptions& options)
     : Model(TpGroup::from_shards(shards, be, options), nullptr, shards.at(0), be, options) {}
 

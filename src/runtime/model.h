@@ -41,6 +41,7 @@ struct Batch {
 };
 
 class TpGroup;
+class RankProcess;
 
 class Model {
  public:
@@ -51,7 +52,13 @@ class Model {
   // 0 on `backend` and owning the others (runtime/tp_group.h: threads of this process, a CPU backend
   // each). Every call below then runs on every rank, and returns rank 0's result, which every rank
   // shares bit for bit; each rank's memory plan and cache cover its own heads.
+  // With ranks as processes (runtime/tp_group.h: always on the GPU, one process per GPU; on the CPU
+  // with INGOT_TP_PROCESSES=1) this Model is this process's rank, and every process runs the same calls.
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options);
+  // The same over a RankProcess made beforehand (options.tp of its ranks), shared by every Model of
+  // this process (the loader's, runtime/loader.h), so that bench's Models, one per run, pair up across
+  // the processes in order; `ranks` must have been started over `backend`.
+  Model(const Engine& engine, Backend& backend, const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks);
   // Rank 0 of a group over slices made beforehand (per-rank engine files, runtime/tp_engine_dir.h):
   // shards[r] is rank r's, options.tp their number; they must outlive the Model.
   Model(const std::vector<Engine>& shards, Backend& backend, const RuntimeOptions& options);

@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "core/error.h"
+#ifdef INGOT_WITH_NCCL
+#include "dist/nccl_communicator.h"
+#endif
 #include "runtime/model.h"
 #include "runtime/tp_split.h"
 
@@ -16,33 +19,80 @@ TpGroup::~TpGroup() = default;
 
 namespace {
 
+// On the GPU the ranks are processes with NCCL between them, which a CUDA build has only when it found
+// NCCL at configure time.
 void check_backend(const Backend& backend, int world) {
+#ifdef INGOT_WITH_NCCL
+  (void)backend, (void)world;
+#else
   if (!backend.host_memory())
-    throw Error("--tp " + std::to_string(world) + ": tensor parallelism on the " + backend.name() +
-                " backend is not implemented yet (NCCL is the next part); --device cpu runs it in-process");
-}
-
-// INGOT_TP_PROCESSES: "1" runs the ranks as processes, "0" or unset as threads.
-bool processes_wanted() {
-  const char* v = std::getenv("INGOT_TP_PROCESSES");
-  if (!v || !*v || std::string(v) == "0") return false;
-  if (std::string(v) == "1") return true;
-  throw Error(std::string("INGOT_TP_PROCESSES=") + v + ": must be 1 (ranks as processes) or 0 (threads)");
+    throw Error("--tp " + std::to_string(world) + " --device " + backend.name() + ": this build of ingot has no NCCL "
+                "(libnccl and nccl.h were not found at configure time), which tensor parallelism on the GPU needs; "
+                "--device cpu runs it");
+#endif
 }
 
 }  // namespace
 
-std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, const Backend& backend, const RuntimeOptions& options) {
+bool tp_ranks_are_processes(bool gpu) {
+  const char* v = std::getenv("INGOT_TP_PROCESSES");
+  const std::string s = v ? v : "";
+  if (!s.empty() && s != "0" && s != "1")
+    throw Error("INGOT_TP_PROCESSES=" + s + ": must be 1 (ranks as processes) or 0 (threads)");
+  if (gpu) {
+    if (s == "0")
+      throw Error("INGOT_TP_PROCESSES=0 asks for ranks as threads, but on the GPU the ranks are processes, one "
+                  "per GPU; unset it (or set 1)");
+    return true;
+  }
+  return s == "1";
+}
+
+std::shared_ptr<RankProcess> RankProcess::start(const ProcessGroupOptions& options, Backend& backend) {
+  std::shared_ptr<RankProcess> p(new RankProcess());
+  p->group_ = ProcessGroup::start(options);
+  if (backend.native_stream()) {
+#ifdef INGOT_WITH_NCCL
+    p->device_ = std::make_unique<NcclCommunicator>(p->group_->comm(), backend);
+#else
+    throw Error("tensor parallelism on the " + backend.name() + " backend needs NCCL, which this build does not have");
+#endif
+  }
+  return p;
+}
+
+std::shared_ptr<RankProcess> RankProcess::start(int world, Backend& backend) {
+  ProcessGroupOptions po;
+  po.world = world;
+  // Each process loads (or, for bench, generates) the whole model before it joins, which for a
+  // checkpoint of billions of weights takes longer than the group's default minute; a worker that ends
+  // is still noticed at once, so only a hung one waits this long.
+  po.join_timeout = std::chrono::minutes(10);
+  return start(po, backend);
+}
+
+RankProcess::~RankProcess() = default;
+
+std::vector<ProcessGroup::Ended> RankProcess::close(std::chrono::milliseconds timeout) {
+  device_.reset();
+  return group_->close(timeout);
+}
+
+std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, Backend& backend, const RuntimeOptions& options,
+                                       std::shared_ptr<RankProcess> ranks) {
   if (options.tp == 1) return nullptr;
   check_tensor_parallel(engine.spec, options.tp);
+  const bool processes = ranks || tp_ranks_are_processes(!backend.host_memory());
   check_backend(backend, options.tp);
   std::unique_ptr<TpGroup> g(new TpGroup(options.tp));
-  if (processes_wanted()) {
+  if (processes) {
     // Every process loaded the whole engine (it runs the same command) and slices its own rank out
     // of it: the same slice the thread group would give that rank, so the same bits.
-    ProcessGroupOptions po;
-    po.world = options.tp;
-    g->procs_ = ProcessGroup::start(po);
+    if (!ranks) ranks = RankProcess::start(options.tp, backend);
+    if (ranks->world() != options.tp)
+      throw Error("--tp " + std::to_string(options.tp) + ": the process group has " + std::to_string(ranks->world()) +
+                  " ranks");
+    g->procs_ = std::move(ranks);
     g->shards_.push_back(shard_engine(engine, options.tp, g->procs_->rank()));
     return g;
   }
@@ -50,15 +100,18 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, const Backend& back
   return g;
 }
 
-std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards, const Backend& backend,
+std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards, Backend& backend,
                                              const RuntimeOptions& options) {
   const int world = int(shards.size());
-  if (processes_wanted())
+  if (!backend.host_memory())
+    throw Error(std::string("an engine directory on the ") + backend.name() + " backend: on the GPU the ranks are "
+                "processes, and loading one rank's file per process is not implemented yet; load the checkpoint "
+                "(--model) with --tp, or run the directory with --device cpu");
+  if (tp_ranks_are_processes(false))
     throw Error("INGOT_TP_PROCESSES=1 with an engine directory: loading one rank's file per process is not "
                 "implemented yet; load the checkpoint (--model) or run the ranks as threads");
   if (options.tp != world)
     throw Error("--tp " + std::to_string(options.tp) + ": the engine is split over " + std::to_string(world) + " ranks");
-  check_backend(backend, world);
   std::unique_ptr<TpGroup> g(new TpGroup(world));
   for (int r = 0; r < world; ++r) {
     const Engine& s = shards[size_t(r)];

@@ -250,6 +250,9 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  // For the NCCL communicator: its collectives go on this stream, in order with the kernels.
+  void* native_stream() override { return stream_->get(); }
+  int device_ordinal() const override { return device_; }
   DType activation_dtype() const override { return dtype_; }
   bool int4_weights() const override { return true; }
   // The decode kernel reads the packed weight; everything else (more tokens, act-order, or the
@@ -732,6 +735,13 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(DType dtype, int device, bool batch_invariant) {
   return std::make_unique<cuda::CudaBackend>(dtype, device, batch_invariant);
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  cudaGetLastError();  // no driver / no device leaves a sticky error to clear, not a failure of ours
+  return n;
 }
 
 bool cuda_available() {

@@ -1,0 +1,152 @@
+// Tensor parallelism on the GPU (docs/tensor-parallel.md, "On the GPU"): one process per GPU, NCCL
+// between them. Every test needs at least 2 GPUs and skips, saying so, with fewer (and without a CUDA
+// build with NCCL). Through the command line (the `ingot` staged next to this binary, or the one built
+// with it): `ingot check --tp 2 --device cuda --dtype fp32` passes on every fixture, and greedy bf16
+// tokens at --tp 2 equal --tp 1's. In this process (SPMD as the CLI is: rank 0 re-executes this test
+// binary for rank 1 with --gtest_filter naming the test): both ranks' logits bitwise equal, from the
+// prefill and from graph-captured decode steps (which hold the NCCL calls), in f32 and bf16.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "dist/process_group.h"
+#include "dist/process_io.h"
+#include "io/engine.h"
+#include "runtime/model.h"
+#include "runtime/tp_group.h"
+#include "test_helpers.h"
+
+#if defined(INGOT_WITH_CUDA) && defined(INGOT_WITH_NCCL)
+namespace ingot {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kFixtures = {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text", "qwen3_5_wrapped", "qwen3_5_pattern"};
+
+// INGOT_SOURCE_DIR in the environment wins, so binaries built here run from the GPU machine's copy.
+std::string fixture_dir(const std::string& name) {
+  const char* env = std::getenv("INGOT_SOURCE_DIR");
+  return std::string(env && *env ? env : INGOT_SOURCE_DIR) + "/tests/data/models/" + name;
+}
+
+// The `ingot` beside this binary (scripts/gpu-build stages them together), else the one built with it.
+std::string ingot_binary() {
+  const fs::path here = fs::path(proc::self_executable()).parent_path() / "ingot";
+  return fs::exists(here) ? here.string() : std::string(INGOT_BINARY);
+}
+
+class CudaTp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int n = cuda_device_count();
+    if (n < 2) GTEST_SKIP() << "tensor parallelism on the GPU needs 2 GPUs; this machine has " << n;
+  }
+};
+
+TEST_F(CudaTp, CheckPassesOnEveryFixtureInF32) {
+  for (const std::string& f : kFixtures) {
+    const std::string dir = fixture_dir(f);
+    const auto [rc, out] = test::sh(test::q(ingot_binary()) + " check --tp 2 --device cuda --dtype fp32 --model " +
+                                    test::q(dir) + " --reference " + test::q(dir + "/reference.safetensors"));
+    EXPECT_EQ(rc, 0) << f << ":\n" << out;
+    EXPECT_NE(out.find("check passed"), std::string::npos) << f << ":\n" << out;
+  }
+}
+
+TEST_F(CudaTp, GreedyBf16TokensEqualOneRank) {
+  for (const std::string& f : kFixtures) {
+    const std::string gen = test::q(ingot_binary()) + " generate --device cuda --dtype bf16 --model " +
+                            test::q(fixture_dir(f)) + " --prompt-ids 1,2,3,4,5 --max-new-tokens 32";
+    const auto [rc1, one] = test::sh(gen);
+    const auto [rc2, two] = test::sh(gen + " --tp 2");
+    EXPECT_EQ(rc1, 0) << f << ":\n" << one;
+    EXPECT_EQ(rc2, 0) << f << ":\n" << two;
+    EXPECT_NE(two.find("generated 32 tokens"), std::string::npos) << f << ":\n" << two;
+    EXPECT_EQ(two, one) << f;
+  }
+}
+
+TEST_F(CudaTp, RefusesMoreRanksThanGpus) {
+  const int n = cuda_device_count();
+  const std::string tp = std::to_string(n + 1);
+  const auto [rc, out] = test::sh(test::q(ingot_binary()) + " generate --device cuda --tp " + tp + " --model " +
+                                  test::q(fixture_dir("qwen3")) + " --prompt-ids 1,2,3");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--tp " + tp + " --device cuda needs " + tp + " GPUs"), std::string::npos) << out;
+  EXPECT_NE(out.find("this machine has " + std::to_string(n)), std::string::npos) << out;
+}
+
+std::string current_test() {
+  const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string(t->test_suite_name()) + "." + t->name();
+}
+
+// Rank 0's bytes of `mine` against every rank's, through the host group (an all-gather of each rank's
+// bytes): true when every rank holds the same bits.
+bool same_on_every_rank(RankProcess& ranks, const void* mine, size_t bytes) {
+  const int world = ranks.world(), rank = ranks.rank();
+  std::vector<uint8_t> all(bytes * size_t(world));
+  std::memcpy(all.data() + bytes * size_t(rank), mine, bytes);
+  ranks.group().comm().all_gather(all.data() + bytes * size_t(rank), all.data(), bytes);
+  for (int r = 1; r < world; ++r)
+    if (std::memcmp(all.data(), all.data() + bytes * size_t(r), bytes) != 0) return false;
+  return true;
+}
+
+// Every fixture at --tp 2 in this process and its peer: the prefill logits of every token bitwise
+// equal on both ranks, then greedy decode steps (graph-captured, so the NCCL calls replay from the
+// graph) giving the same tokens and the same log-probabilities, bitwise, on both ranks.
+void ranks_agree(DType dt) {
+  ProcessGroupOptions po;
+  po.world = 2;
+  po.argv = {proc::self_executable(), "--gtest_filter=" + current_test()};
+  po.silence_worker_stdout = false;  // a worker's failed expectation shows in the test's log
+  auto be = make_cuda_backend(dt, local_rank_from_environment() % cuda_device_count());
+  std::shared_ptr<RankProcess> ranks = RankProcess::start(po, *be);
+  const int rank = ranks->rank();
+  for (const std::string& f : kFixtures) {
+    Engine engine = build_engine(fixture_dir(f), BuildOptions{dt});
+    RuntimeOptions rt;
+    rt.max_batch = 2;
+    rt.capacity = 64;
+    rt.tp = 2;
+    Model m(engine, *be, rt, ranks);
+    Batch b;
+    b.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5, 6, 7}, 0, {}, true});
+    b.rows.push_back(BatchRow{1, {9, 8, 7}, 0, {}, true});
+    const HostTensor logits = m.forward(b);
+    EXPECT_TRUE(same_on_every_rank(*ranks, logits.data(), logits.nbytes())) << f << " " << dtype_name(dt) << " prefill";
+    std::vector<int32_t> tokens = {3, 4};
+    std::vector<int64_t> at = {7, 3};
+    for (int step = 0; step < 6; ++step) {
+      tokens = m.decode({0, 1}, tokens, at);
+      const Model::StepLogprobs lp = m.decode_logprobs(0);
+      EXPECT_TRUE(same_on_every_rank(*ranks, tokens.data(), tokens.size() * sizeof(int32_t)))
+          << f << " " << dtype_name(dt) << " step " << step << " tokens";
+      EXPECT_TRUE(same_on_every_rank(*ranks, lp.chosen.data(), lp.chosen.size() * sizeof(float)))
+          << f << " " << dtype_name(dt) << " step " << step << " log-probabilities";
+      for (int32_t& t : tokens) t = t < 0 ? 0 : t;  // a non-token pick is not fed back
+      for (int64_t& i : at) ++i;
+    }
+  }
+  const std::vector<ProcessGroup::Ended> ends = ranks->close();
+  if (rank == 0)
+    for (const auto& e : ends) EXPECT_TRUE(e.clean) << "rank " << e.rank << " " << e.how;
+}
+
+TEST_F(CudaTp, RanksLogitsBitwiseEqualInF32) { ranks_agree(DType::F32); }
+TEST_F(CudaTp, RanksLogitsBitwiseEqualInBf16) { ranks_agree(DType::BF16); }
+
+}  // namespace
+}  // namespace ingot
+#else
+TEST(CudaTp, NeedsCudaAndNccl) { GTEST_SKIP() << "this build has no CUDA backend with NCCL"; }
+#endif
