@@ -16,139 +16,17 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "backend/cuda/vec.cuh"
+#include "backend/cuda/gemv_kernel.cuh"
 
 namespace ingot::cuda {
 namespace {
 
-constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait
-
-struct GemvArgs {
-  const void* x;     // [K]
-  const void* w;     // [N (2N with SwiGLU), K], w_ld elements between rows
-  int64_t w_ld;
-  const void* bias;  // [N] or null
-  void* y;           // [N]
-  int N, K;
-};
-
-// kSwiglu: the warp computes gate row n and up row n + N of w ([2N, K]) and writes
-// silu(gate) * up, each rounded to T first exactly as linear followed by swiglu would round them.
-// kPipe: the next step's loads are issued before this step's math (two register buffers).
-template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu>
-__global__ void __launch_bounds__(R * S * 32) gemv_kernel(GemvArgs a) {
-  constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte load
-  constexpr int RW = kSwiglu ? 2 : 1;     // weight rows per output
-  constexpr int step = S * 32 * V;        // elements the row's S warps cover per load slot
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31;
-  const int r = warp / S, part = warp % S;
-  const int n = int(blockIdx.x) * R + r;
-  const int nn = n < a.N ? n : a.N - 1;
-  const T* wr[RW];
-#pragma unroll
-  for (int q = 0; q < RW; ++q) {
-    wr[q] = static_cast<const T*>(a.w) + (int64_t(nn) + int64_t(q) * a.N) * a.w_ld;
-    const int head = a.K < kPrefetchBytes / int(sizeof(T)) ? a.K : kPrefetchBytes / int(sizeof(T));
-    for (int k = (part * 32 + lane) * (128 / int(sizeof(T))); k < head; k += S * 32 * (128 / int(sizeof(T))))
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[q] + k));
-  }
-  pdl_wait();
-  pdl_trigger();
-  const T* x = static_cast<const T*>(a.x);
-  float acc[RW];
-#pragma unroll
-  for (int q = 0; q < RW; ++q) acc[q] = 0.f;
-
-  // Loads of one step: U slots per row, predicated past K when `tail` (K is a multiple of V). Full
-  // steps run unpredicated so the compiler keeps every load in flight.
-  auto load = [&](uint4 (&raw)[U][RW], int k, bool tail) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int q = 0; q < RW; ++q) {
-        const int kk = k + u * step;
-        raw[u][q] = !tail || kk < a.K ? __ldg(reinterpret_cast<const uint4*>(wr[q] + kk)) : make_uint4(0, 0, 0, 0);
-      }
-  };
-  auto math = [&](const uint4 (&raw)[U][RW], int k, bool tail) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kk = k + u * step;
-      if (tail && kk >= a.K) break;
-      float xv[V];
-      load_f<T, V, true>(x + kk, xv);
-#pragma unroll
-      for (int q = 0; q < RW; ++q) {
-        float wv[V];
-        widen16_as<T, V>(raw[u][q], wv);
-#pragma unroll
-        for (int i = 0; i < V; ++i) acc[q] += wv[i] * xv[i];
-      }
-    }
-  };
-  const int k0 = (part * 32 + lane) * V;
-  if constexpr (!kPipe) {
-    int k = k0;
-    for (; k + (U - 1) * step < a.K; k += U * step) {
-      uint4 raw[U][RW];
-      load(raw, k, false);
-      math(raw, k, false);
-    }
-    if (k < a.K) {
-      uint4 raw[U][RW];
-      load(raw, k, true);
-      math(raw, k, true);
-    }
-  } else {
-    uint4 A[U][RW], B[U][RW];
-    int k = k0;
-    load(A, k, true);
-    while (k < a.K) {
-      const int kb = k + U * step;
-      if (kb < a.K) load(B, kb, true);
-      math(A, k, true);
-      k = kb;
-      if (k >= a.K) break;
-      const int ka = k + U * step;
-      if (ka < a.K) load(A, ka, true);
-      math(B, k, true);
-      k = ka;
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < RW; ++q)
-    for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-  if constexpr (S > 1) {
-    __shared__ float partial[R][S][RW];  // the row's S warp sums, added in warp order below
-    if (lane == 0)
-#pragma unroll
-      for (int q = 0; q < RW; ++q) partial[r][part][q] = acc[q];
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int q = 0; q < RW; ++q) {
-      float s = 0.f;
-#pragma unroll
-      for (int p = 0; p < S; ++p) s += partial[r][p][q];
-      acc[q] = s;
-    }
-  }
-  if (lane != 0 || n >= a.N) return;
-  float v;
-  if constexpr (kSwiglu) {
-    const float g = to_f(from_f<T>(acc[0])), u = to_f(from_f<T>(acc[1]));
-    v = silu_mul(g, u);
-  } else {
-    v = acc[0];
-    if (a.bias) v += to_f(static_cast<const T*>(a.bias)[n]);
-  }
-  static_cast<T*>(a.y)[n] = from_f<T>(v);
-}
+using gemv::GemvArgs;
 
 template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu>
 void launch_shape(const GemvArgs& a, cudaStream_t s) {
   const unsigned blocks = unsigned((a.N + R - 1) / R);
-  launch("gemv_kernel", gemv_kernel<T, S, U, R, kPipe, kSwiglu>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+  launch("gemv_kernel", gemv::kernel<T, S, U, R, kPipe, kSwiglu>, dim3(blocks), dim3(R * S * 32), 0, s, a);
 }
 
 // The split for K (measured, see the header): short rows one warp each with the loads pipelined,
