@@ -3,6 +3,8 @@
 // allclose(1e-4, 1e-4), greedy tokens identical, every rank's logits bitwise equal, and the
 // transformers reference check passing through the split model; fixtures with fewer KV (or linear key)
 // heads than ranks replicate them. `ingot check --tp 2 --device cpu` runs through the command line.
+// The streamed slice (one rank's weights built alone, as each rank process does) is bitwise the slice
+// of the whole engine; ranks as processes load one rank's slice each, also from an engine directory.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "backend/backend.h"
 #include "dist/in_process.h"
@@ -157,6 +160,92 @@ TEST(TensorParallelSplit, RefusesInt4Engines) {
   Engine e = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 1);
   quantize_engine_int4(e, 32);
   test::expect_error([&] { shard_engine(e, 2, 0); }, {"--tp 2", "INT4"});
+}
+
+// --- the streamed slice: one rank's weights built alone (runtime/tp_split.h) ---
+
+void expect_same_slice(const Engine& want, const Engine& got, const std::string& what) {
+  EXPECT_EQ(spec_to_json(want.spec), spec_to_json(got.spec)) << what;
+  EXPECT_EQ(want.weight_dtype, got.weight_dtype) << what;
+  ASSERT_EQ(want.weights.size(), got.weights.size()) << what;
+  for (const auto& [name, t] : want.weights) {
+    const HostTensor* g = got.find(name);
+    ASSERT_NE(g, nullptr) << what << ": no '" << name << "'";
+    EXPECT_EQ(t.dtype(), g->dtype()) << what << ": " << name;
+    ASSERT_EQ(t.shape(), g->shape()) << what << ": " << name;
+    ASSERT_EQ(t.nbytes(), g->nbytes()) << what << ": " << name;
+    EXPECT_EQ(std::memcmp(t.data(), g->data(), t.nbytes()), 0) << what << ": '" << name << "' differs";
+  }
+}
+
+size_t largest_weight(const Engine& e) {
+  size_t n = 0;
+  for (const auto& [name, t] : e.weights) n = std::max(n, t.nbytes());
+  return n;
+}
+
+// What the streaming build held at most: its slice and the one whole weight it was slicing, never
+// the whole model; and the slice is no bigger than shard_engine's.
+void expect_held_one_whole_weight(const RankBuildStats& st, const Engine& whole, const Engine& slice,
+                                  const std::string& what) {
+  EXPECT_EQ(st.largest_whole_bytes, largest_weight(whole)) << what;
+  EXPECT_LE(st.peak_bytes, slice.weight_bytes() + st.largest_whole_bytes) << what;
+  EXPECT_GT(st.peak_bytes, 0u) << what;
+}
+
+class StreamedSlice : public ::testing::TestWithParam<std::string> {};
+
+// Every rank of 2 and 4, from the checkpoint folder and from random weights of its config: bitwise
+// shard_engine's slice of the whole engine (every name, shape, dtype and byte).
+TEST_P(StreamedSlice, EqualsTheShardOfTheWholeEngine) {
+  const std::string dir = test::fixture(GetParam());
+  const Engine built = build_engine(dir);
+  const ModelSpec spec = load_model_spec(dir);
+  const Engine random = random_engine(spec, DType::BF16, 11);
+  for (int world : {2, 4}) {
+    for (int r = 0; r < world; ++r) {
+      const std::string what = GetParam() + " rank " + std::to_string(r) + " of " + std::to_string(world);
+      RankBuildStats st;
+      const Engine a = build_rank_engine(dir, {}, world, r, &st);
+      expect_same_slice(shard_engine(built, world, r), a, what + " (checkpoint)");
+      expect_held_one_whole_weight(st, built, a, what + " (checkpoint)");
+      RankBuildStats st2;
+      const Engine b = random_rank_engine(spec, DType::BF16, 11, world, r, &st2);
+      expect_same_slice(shard_engine(random, world, r), b, what + " (random)");
+      expect_held_one_whole_weight(st2, random, b, what + " (random)");
+    }
+  }
+  // A dtype asked for goes through the streamed build as through the whole one.
+  BuildOptions bf16;
+  bf16.dtype = DType::BF16;
+  expect_same_slice(shard_engine(build_engine(dir, bf16), 2, 1), build_rank_engine(dir, bf16, 2, 1), GetParam() + " bf16");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, StreamedSlice, ::testing::Values("qwen3", "llama3", "qwen3_5_text"));
+
+// Random weights: each weight's values depend only on (seed, its name), so a weight made alone is the
+// weight made with all the others; different seeds still differ.
+TEST(StreamedSlice, RandomWeightsDependOnlyOnSeedAndName) {
+  const ModelSpec spec = load_model_spec(test::fixture("qwen3"));
+  const Engine a = random_engine(spec, DType::F32, 5), b = random_engine(spec, DType::F32, 6);
+  const HostTensor& x = a.get("layers.1.wo");
+  const HostTensor& y = b.get("layers.1.wo");
+  EXPECT_NE(std::memcmp(x.data(), y.data(), x.nbytes()), 0);
+  EXPECT_NE(std::memcmp(a.get("layers.0.wo").data(), x.data(), x.nbytes()), 0);  // names differ, values differ
+  // The same weight made by a sink that keeps only it.
+  HostTensor alone;
+  random_engine(spec, DType::F32, 5, [&](Engine&, const WeightSpec& w, HostTensor&& t) {
+    if (w.name == "layers.1.wo") alone = std::move(t);
+  });
+  ASSERT_EQ(alone.nbytes(), x.nbytes());
+  EXPECT_EQ(std::memcmp(alone.data(), x.data(), x.nbytes()), 0);
+}
+
+TEST(StreamedSlice, RefusesInt4) {
+  BuildOptions o;
+  o.int4_group_size = 32;
+  test::expect_error([&] { build_rank_engine(test::fixture("llama3"), o, 2, 0); }, {"--tp 2", "INT4"});
+  test::expect_error([&] { build_rank_engine(test::fixture("int4/gptq_v1_sym_g32"), {}, 2, 0); }, {"INT4", "cannot be split"});
 }
 
 // --- whole models against TP=1 ---
@@ -378,7 +467,7 @@ TEST(TensorParallelProcesses, CheckPassesAndTokensMatchThreadsAndOneRank) {
   }
 }
 
-TEST(TensorParallelProcesses, RefusesABadValueAndEngineDirectories) {
+TEST(TensorParallelProcesses, RefusesABadValueServeAndChat) {
   int st = 0;
   std::string out = run_cli("INGOT_TP_PROCESSES=yes", "generate --tp 2 --device cpu --model " + test::fixture("qwen3") +
                                                            " --prompt-ids 1,2,3", &st);
@@ -389,15 +478,58 @@ TEST(TensorParallelProcesses, RefusesABadValueAndEngineDirectories) {
     EXPECT_NE(st, 0);
     EXPECT_NE(out.find(std::string("`ingot ") + cmd + "` cannot run its ranks as processes yet"), std::string::npos) << out;
   }
+}
+
+// An engine directory with ranks as processes: each process verifies and maps only its own rank's
+// file (after the manifest and every file's header are checked, as with threads), and the tokens are
+// the thread group's. A rank's own file missing or corrupt gives the same errors as with threads.
+TEST(TensorParallelProcesses, EngineDirectoryLoadsOneRankFilePerProcess) {
   const std::string dir = ::testing::TempDir() + "ingot_tp_proc_engine";
   std::filesystem::remove_all(dir);
+  int st = 0;
   run_cli("", "build --tp 2 --model " + test::fixture("qwen3") + " -o " + dir, &st);
   ASSERT_EQ(st, 0);
-  out = run_cli("INGOT_TP_PROCESSES=1", "generate --device cpu --engine " + dir + " --prompt-ids 1,2,3", &st);
+  const std::string gen = "generate --device cpu --engine " + dir + " --prompt-ids 1,2,3";
+  int s1 = 0, s2 = 0;
+  const std::string procs = run_cli("INGOT_TP_PROCESSES=1", gen + " --tp 2", &s1);
+  const std::string threads = run_cli("INGOT_TP_PROCESSES=0", gen, &s2);
+  EXPECT_EQ(s1 | s2, 0) << procs;
+  EXPECT_NE(procs.find("generated 16 tokens"), std::string::npos) << procs;
+  EXPECT_EQ(procs, threads);
+
+  // Rank 1's file corrupt (one byte near its end, the size kept): the worker that loads it refuses it.
+  const std::string rank1 = dir + "/rank-1.ingot", saved = dir + "/rank-1.saved";
+  std::filesystem::copy_file(rank1, saved);
+  {
+    std::fstream f(rank1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('Z');
+  }
+  std::string out = run_cli("INGOT_TP_PROCESSES=1", gen, &st);
   EXPECT_NE(st, 0);
-  EXPECT_NE(out.find("INGOT_TP_PROCESSES=1 with an engine directory"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank-1.ingot: the file hashes to xxh64"), std::string::npos) << out;
+  EXPECT_NE(out.find("files[1].xxh64"), std::string::npos) << out;
+  EXPECT_EQ(out.find("generated"), std::string::npos) << out;
+  // Missing: refused by the manifest checks every process makes, before any weight is read.
+  std::filesystem::remove(rank1);
+  out = run_cli("INGOT_TP_PROCESSES=1", gen, &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("rank-1.ingot"), std::string::npos) << out;
+  EXPECT_NE(out.find("does not exist"), std::string::npos) << out;
+  // Rank 0's own file corrupt: rank 0 refuses it before it starts any worker.
+  std::filesystem::rename(saved, rank1);
+  {
+    std::fstream f(dir + "/rank-0.ingot", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('Z');
+  }
+  out = run_cli("INGOT_TP_PROCESSES=1", gen, &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("rank-0.ingot: the file hashes to xxh64"), std::string::npos) << out;
+  EXPECT_EQ(out.find("generated"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
+
 
 }  // namespace
 }  // namespace ingot

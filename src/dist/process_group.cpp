@@ -222,6 +222,23 @@ int local_rank_from_environment() {
   return 0;
 }
 
+int tp_rank_from_environment(int world) {
+  const auto in_world = [world](const std::string& var, const std::string& v) {
+    const int r = parse_int(v, var);
+    if (r < 0 || r >= world)
+      throw Error(var + "=" + v + ": rank " + std::to_string(r) + " is outside [0, " + std::to_string(world) + ") (--tp " +
+                  std::to_string(world) + ")");
+    return r;
+  };
+  const std::string worker = getenv_str(kTpWorkerEnv);
+  if (!worker.empty()) return in_world(kTpWorkerEnv, worker.substr(0, worker.find(',')));  // "rank,world,token,socket"
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    const std::string v = getenv_str(var);
+    if (!v.empty()) return in_world(var, v);
+  }
+  return 0;
+}
+
 std::unique_ptr<ProcessGroup> ProcessGroup::start(const ProcessGroupOptions& options) {
   check_world(options.world, "the process group");
   const std::string worker = getenv_str(kTpWorkerEnv);

@@ -47,6 +47,13 @@ struct ProcessGroupOptions {
 // MPI_LOCALRANKID, else LOCAL_RANK, else PMI_RANK); otherwise (the process the user started) 0. A value that is not a whole
 // number >= 0 is refused naming the variable. ProcessGroup::start checks the rest of the environment.
 int local_rank_from_environment();
+// This process's rank in a group of `world` processes, from the environment alone, before the group
+// is started (so that a rank can build or load only its own slice of the weights first): the rank in
+// INGOT_TP_WORKER for a worker rank 0 started, OMPI_COMM_WORLD_RANK or PMI_RANK under mpirun, else 0
+// (the process the user started, which starts the others). A rank outside [0, world) is refused
+// naming the variable; ProcessGroup::start reads the same variables, checks the rest and gets the
+// same rank.
+int tp_rank_from_environment(int world);
 
 class ProcessGroup {
  public:

@@ -33,6 +33,14 @@ size_t Engine::weight_bytes() const {
 
 namespace {
 
+// FNV-1a of a weight's name: the per-weight seed of random_engine (stable across builds and machines,
+// unlike std::hash).
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 // The index of the first NaN or infinity among n values of a floating dtype, or n: an all-ones
 // exponent field. The flag loop has no early exit so that it vectorises.
 template <typename U>
@@ -334,6 +342,9 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
   if (o.quantize_lm_head && !o.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
   if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size", o.quantize_lm_head);
+  // A sink (a tensor-parallel rank's slice) takes plain weights only; INT4 ones are not split yet.
+  if (o.sink && quant)
+    throw Error(dir + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
   bool rounded = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];
@@ -355,6 +366,7 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
     const bool to_int4 = quant && !published &&
                          std::find(quant->tensors.begin(), quant->tensors.end(), w.name) != quant->tensors.end();
     if (to_int4) put_int4(eng, w.name, t, quant->group_size);
+    else if (o.sink) o.sink(eng, w, std::move(t));  // t, the whole weight, goes at the end of this step
     else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();
     if (o.progress) o.progress(done, total);
@@ -376,14 +388,17 @@ DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<D
   return Checkpoint(dir).get(weight_table(spec).entries().front().sources.front().hf_name).dtype;
 }
 
-Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed) {
+Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed, const WeightSink& sink) {
   Engine eng;
   eng.spec = spec;
   eng.weight_dtype = dt;
-  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const WeightTable table = weight_table(spec);
   for (const WeightSpec& w : table.entries()) {
+    // Each weight's own generator, seeded by (seed, name): its values do not depend on the weights
+    // made before it, so one rank can make any weight alone (tp_split.h, random_rank_engine).
+    std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * (fnv1a64(w.name) | 1)));
+    normal.reset();
     const DType wdt = w.dtype(dt);
     HostTensor t(wdt, w.shape);
     const size_t n = size_t(t.numel());
@@ -394,7 +409,8 @@ Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed) {
       size_t c = std::min(buf.size(), n - i);
       convert_from_f32(wdt, buf.data(), static_cast<uint8_t*>(t.data()) + i * dtype_size(wdt), c);
     }
-    eng.weights.emplace(w.name, std::move(t));
+    if (sink) sink(eng, w, std::move(t));
+    else eng.weights.emplace(w.name, std::move(t));
   }
   eng.provenance = {{"random_seed", seed}, {"dtype", std::string(dtype_name(dt))}};
   return eng;

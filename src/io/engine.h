@@ -16,6 +16,15 @@
 
 namespace ingot {
 
+struct Engine;
+struct WeightSpec;
+
+// Where a build puts each weight it made, whole, in the runtime layout and in table order. Unset, the
+// weight is stored in the engine under its name. A tensor-parallel rank's build (runtime/tp_split.h,
+// build_rank_engine) stores only its slice and lets the whole tensor go, so that a process never holds
+// more of the model than its slice and the one tensor being made.
+using WeightSink = std::function<void(Engine& engine, const WeightSpec& w, HostTensor&& whole)>;
+
 struct BuildOptions {
   std::optional<DType> dtype;  // weight dtype; default: the checkpoint's own
   // Set: the linear weights are stored as INT4 of this group size, round to nearest (quant/int4.h).
@@ -29,6 +38,9 @@ struct BuildOptions {
   // Called with one line for each harmless oddity of the checkpoint (tensors it carries that the model
   // does not use but that cannot change its output); unset: printed to stderr as "warning: ...".
   std::function<void(const std::string& line)> warn;
+  // Set: every weight goes through it (above). INT4 weights (published or --quantize) are refused then:
+  // a sink sees plain weights only.
+  WeightSink sink;
 };
 
 struct Engine {
@@ -72,7 +84,8 @@ void quantize_engine_int4(Engine& engine, int64_t group_size, const std::string&
 std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& spec, DType dtype,
                                                                     const QuantConfig* quant);
 // An engine of the given shape with seeded random weights (normal, std 0.02; norms 1): for benchmarks
-// of real shapes without a checkpoint.
-Engine random_engine(const ModelSpec& spec, DType dtype, uint64_t seed = 0);
+// of real shapes without a checkpoint. Each weight's values depend only on (seed, its name), not on
+// the weights made before it, so one rank's build can make each weight alone; `sink` as in BuildOptions.
+Engine random_engine(const ModelSpec& spec, DType dtype, uint64_t seed = 0, const WeightSink& sink = {});
 
 }  // namespace ingot

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "dist/process_group.h"
 #include "io/quantized_checkpoint.h"
 #include "models/family.h"
 #include "runtime/awq.h"
@@ -142,9 +143,15 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
       tp_ranks_are_processes(true);  // refuses INGOT_TP_PROCESSES=0 (threads) here, before any weight is read
     }
     tp_ = rt.tp;
+    // Ranks as processes: this process builds (or loads from an engine directory) its own rank's slice
+    // alone, so its rank is read from the environment now, before the group is started (make_model).
+    // A single engine file is still mapped whole and sliced at load (TpGroup::make).
+    if ((dir_ || !file_) && tp_ranks_are_processes(device_ == "cuda")) slice_rank_ = tp_rank_from_environment(rt.tp);
   }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
-  check_host_memory(model_spec_, dtype_, rt, !file_, host_backend_.get());
+  // With ranks as processes the host holds this rank's slice (rank_spec), not the whole model.
+  check_host_memory(slice_rank_ >= 0 ? rank_spec(model_spec_, rt.tp, slice_rank_) : model_spec_, dtype_, rt, !file_,
+                    host_backend_.get());
   return rt;
 }
 
@@ -208,12 +215,19 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   check_cuda_device(plan, s.source());
   const auto t0 = std::chrono::steady_clock::now();
   Loaded l;
-  if (plan.dir_) {
-    l.shards = load_tp_engine_dir(*plan.dir_, s.verify, s.progress);
+  // Ranks as processes: this process's rank's slice alone (the whole model is never in its memory).
+  const int rank = plan.slice_rank_;
+  const auto whole_spec_only = [&](nlohmann::json provenance) {
     l.engine = std::make_unique<Engine>();
     l.engine->spec = plan.spec();
     l.engine->weight_dtype = plan.weight_dtype();
-    l.engine->provenance = {{"engine_dir", s.engine_path}, {"build_id", plan.dir_->build_id}};
+    l.engine->provenance = std::move(provenance);
+  };
+  if (plan.dir_) {
+    // Every rank file's header was checked by the plan (inspect_tp_engine_dir); with ranks as
+    // processes only this rank's file is hashed and mapped.
+    l.shards = load_tp_engine_dir(*plan.dir_, s.verify, s.progress, rank);
+    whole_spec_only({{"engine_dir", s.engine_path}, {"build_id", plan.dir_->build_id}});
     l.engine_file = plan.file_;
   } else if (!s.engine_path.empty()) {
     LoadOptions lo;
@@ -222,6 +236,14 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     LoadedEngine le = load_engine(s.engine_path, lo);
     l.engine = std::make_unique<Engine>(std::move(le.engine));
     l.engine_file = std::move(le.info);
+  } else if (rank >= 0 && !s.model_dir.empty()) {  // INT4 was refused for --tp by fit()
+    BuildOptions bo;
+    if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
+    l.shards.push_back(build_rank_engine(s.model_dir, bo, plan.tp_, rank));
+    whole_spec_only(l.shards[0].provenance);
+  } else if (rank >= 0) {
+    l.shards.push_back(random_rank_engine(plan.spec(), plan.weight_dtype(), s.random_seed, plan.tp_, rank));
+    whole_spec_only(l.shards[0].provenance);
   } else if (!s.model_dir.empty()) {
     BuildOptions bo;
     if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
@@ -254,9 +276,9 @@ Loaded load(const LoadSpec& spec, RuntimeOptions rt, bool layout_given) {
 }
 
 std::unique_ptr<Model> Loaded::make_model(const RuntimeOptions& rt) {
-  if (!shards.empty()) return std::make_unique<Model>(shards, *backend, rt);
   // Ranks as processes: the group is started with the first Model and serves every later one.
   if (rt.tp > 1 && !ranks && tp_ranks_are_processes(device == "cuda")) ranks = RankProcess::start(rt.tp, *backend);
+  if (!shards.empty()) return std::make_unique<Model>(shards, *backend, rt, ranks);
   return std::make_unique<Model>(*engine, *backend, rt, ranks);
 }
 

@@ -81,14 +81,21 @@ class LoadPlan {
   std::string device_;
   // The largest --tp fit() was given (bench fits once per run, all with the same --tp): picks the GPU.
   mutable int tp_ = 1;
+  // Ranks as processes (set by fit() with --tp N): this process's rank (dist/process_group.h,
+  // tp_rank_from_environment), whose slice alone the process builds or loads; -1 otherwise.
+  mutable int slice_rank_ = -1;
   std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
 };
 
 // A model ready to run: the engine, the backend and (unless made later) the Model that binds them.
 struct Loaded {
-  // The weights; from an engine directory, the whole model's spec with no weights (they are in shards).
+  // The weights; from an engine directory, or with ranks as processes, the whole model's spec with no
+  // weights (they are in shards).
   std::unique_ptr<Engine> engine;
-  std::vector<Engine> shards;  // [world] an engine directory's rank slices, else empty
+  // [world] an engine directory's rank slices; with ranks as processes [1], this process's rank's
+  // slice alone (its rank file, or built by itself from the checkpoint or random weights: the whole
+  // model is never in this process's memory); else empty.
+  std::vector<Engine> shards;
   std::optional<EngineFileInfo> engine_file;
   std::string device;  // cpu | cuda
   std::unique_ptr<Backend> backend;

@@ -39,8 +39,9 @@ Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options)
 Model::Model(const Engine& engine, Backend& be, const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks)
     : Model(TpGroup::make(engine, be, options, std::move(ranks)), nullptr, engine, be, options) {}
 
-Model::Model(const std::vector<Engine>& shards, Backend& be, const RuntimeOptions& options)
-    : Model(TpGroup::from_shards(shards, be, options), nullptr, shards.at(0), be, options) {}
+Model::Model(const std::vector<Engine>& shards, Backend& be, const RuntimeOptions& options,
+             std::shared_ptr<RankProcess> ranks)
+    : Model(TpGroup::from_shards(shards, be, options, std::move(ranks)), nullptr, shards.at(0), be, options) {}
 
 Model::Model(const Engine& shard, Backend& be, const RuntimeOptions& options, Communicator& comm)
     : Model(nullptr, &comm, shard, be, options) {}

@@ -60,8 +60,11 @@ class Model {
   // the processes in order; `ranks` must have been started over `backend`.
   Model(const Engine& engine, Backend& backend, const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks);
   // Rank 0 of a group over slices made beforehand (per-rank engine files, runtime/tp_engine_dir.h):
-  // shards[r] is rank r's, options.tp their number; they must outlive the Model.
-  Model(const std::vector<Engine>& shards, Backend& backend, const RuntimeOptions& options);
+  // shards[r] is rank r's, options.tp their number; they must outlive the Model. With `ranks` (ranks as
+  // processes) shards holds only this process's rank's slice, made by this process alone (its rank
+  // file, or runtime/tp_split.h's build_rank_engine), and this Model is that rank.
+  Model(const std::vector<Engine>& shards, Backend& backend, const RuntimeOptions& options,
+        std::shared_ptr<RankProcess> ranks = nullptr);
   ~Model();
 
   // Runs the rows through the cache. Returns f32 logits on the host, [n_out, vocab], rows in call

@@ -274,10 +274,13 @@ TpEngineDir inspect_tp_engine_dir(const std::string& dir) {
   return d;
 }
 
-void verify_tp_engine_dir(const TpEngineDir& d, const ProgressFn& progress) {
+void verify_tp_engine_dir(const TpEngineDir& d, const ProgressFn& progress, int only_rank) {
+  const auto hashed = [&](int r) { return only_rank < 0 || r == only_rank; };
   uint64_t total = 0, done = 0;
-  for (const TpRankFile& f : d.files) total += f.bytes;
+  for (int r = 0; r < d.world; ++r)
+    if (hashed(r)) total += d.files[size_t(r)].bytes;
   for (int r = 0; r < d.world; ++r) {
+    if (!hashed(r)) continue;
     const TpRankFile& f = d.files[size_t(r)];
     const uint64_t h = hash_file(d.path(r), progress, done, total);
     done += f.bytes;
@@ -287,11 +290,14 @@ void verify_tp_engine_dir(const TpEngineDir& d, const ProgressFn& progress) {
   }
 }
 
-std::vector<Engine> load_tp_engine_dir(const TpEngineDir& d, bool verify, const ProgressFn& progress) {
+std::vector<Engine> load_tp_engine_dir(const TpEngineDir& d, bool verify, const ProgressFn& progress, int only_rank) {
+  if (only_rank >= d.world)
+    throw Error(d.dir + ": rank " + std::to_string(only_rank) + " of a directory of " + std::to_string(d.world) + " ranks");
   // The whole-file checksum covers every byte, blobs included, so the per-blob pass is not repeated.
-  if (verify) verify_tp_engine_dir(d, progress);
+  if (verify) verify_tp_engine_dir(d, progress, only_rank);
   std::vector<Engine> out;
   for (int r = 0; r < d.world; ++r) {
+    if (only_rank >= 0 && r != only_rank) continue;
     LoadOptions lo;
     lo.verify = false;
     lo.tp_world_size = d.world;

@@ -57,11 +57,15 @@ void save_tp_engine_dir(const Engine& whole, EngineBuildInfo info, int world, co
 // model, its split the manifest's. Throws Error naming the file and the field. Reads no blob.
 TpEngineDir inspect_tp_engine_dir(const std::string& dir);
 
-// The rank files' whole-file checksums against the manifest (progress over the bytes hashed).
-void verify_tp_engine_dir(const TpEngineDir& d, const ProgressFn& progress = {});
+// The rank files' whole-file checksums against the manifest (progress over the bytes hashed); with
+// `only_rank` >= 0 that rank's file alone.
+void verify_tp_engine_dir(const TpEngineDir& d, const ProgressFn& progress = {}, int only_rank = -1);
 
 // Maps every rank file (checked by inspect_tp_engine_dir, and by verify_tp_engine_dir when `verify`);
-// engine r is rank r's slice, its weights borrowing the file's mapping.
-std::vector<Engine> load_tp_engine_dir(const TpEngineDir& d, bool verify, const ProgressFn& progress = {});
+// engine r is rank r's slice, its weights borrowing the file's mapping. With `only_rank` >= 0 (ranks
+// as processes: each process loads its own rank's file) only that file is verified and mapped, and the
+// one engine returned is its slice.
+std::vector<Engine> load_tp_engine_dir(const TpEngineDir& d, bool verify, const ProgressFn& progress = {},
+                                       int only_rank = -1);
 
 }  // namespace ingot

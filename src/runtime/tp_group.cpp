@@ -32,6 +32,19 @@ void check_backend(const Backend& backend, int world) {
 #endif
 }
 
+// A slice's weights borrowed: the loader keeps the slices (the files' mappings, or the slice a rank
+// process built) alive longer than the Model.
+Engine borrowed(const Engine& s) {
+  Engine e;
+  e.spec = s.spec;
+  e.weight_dtype = s.weight_dtype;
+  e.provenance = s.provenance;
+  for (const auto& [name, t] : s.weights)
+    e.weights.emplace(name, HostTensor::borrow(t.dtype(), t.shape(), t.data(),
+                                               std::shared_ptr<const void>(t.data(), [](const void*) {})));
+  return e;
+}
+
 }  // namespace
 
 bool tp_ranks_are_processes(bool gpu) {
@@ -64,9 +77,9 @@ std::shared_ptr<RankProcess> RankProcess::start(const ProcessGroupOptions& optio
 std::shared_ptr<RankProcess> RankProcess::start(int world, Backend& backend) {
   ProcessGroupOptions po;
   po.world = world;
-  // Each process loads (or, for bench, generates) the whole model before it joins, which for a
-  // checkpoint of billions of weights takes longer than the group's default minute; a worker that ends
-  // is still noticed at once, so only a hung one waits this long.
+  // Each process builds (or, for bench, generates) its rank's slice of the model before it joins,
+  // which for a checkpoint of billions of weights takes longer than the group's default minute; a
+  // worker that ends is still noticed at once, so only a hung one waits this long.
   po.join_timeout = std::chrono::minutes(10);
   return start(po, backend);
 }
@@ -86,8 +99,9 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, Backend& backend, c
   check_backend(backend, options.tp);
   std::unique_ptr<TpGroup> g(new TpGroup(options.tp));
   if (processes) {
-    // Every process loaded the whole engine (it runs the same command) and slices its own rank out
-    // of it: the same slice the thread group would give that rank, so the same bits.
+    // This process holds the whole engine (an engine file, or a caller's Engine; the loader instead
+    // builds each process's slice alone and comes through from_shards) and slices its own rank out of
+    // it: the same slice the thread group would give that rank, so the same bits.
     if (!ranks) ranks = RankProcess::start(options.tp, backend);
     if (ranks->world() != options.tp)
       throw Error("--tp " + std::to_string(options.tp) + ": the process group has " + std::to_string(ranks->world()) +
@@ -101,15 +115,30 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, Backend& backend, c
 }
 
 std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards, Backend& backend,
-                                             const RuntimeOptions& options) {
+                                             const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks) {
+  // Ranks as processes: over the RankProcess given (the loader's), else one started here.
+  if (!ranks && tp_ranks_are_processes(!backend.host_memory())) {
+    check_backend(backend, options.tp);
+    ranks = RankProcess::start(options.tp, backend);
+  }
+  if (ranks) {
+    // This process's slice: the one it built or loaded alone (runtime/loader.h), or its rank's of all.
+    check_backend(backend, options.tp);
+    if (shards.size() != 1 && int(shards.size()) != options.tp)
+      throw Error("--tp " + std::to_string(options.tp) + ": a rank process takes its own slice or every rank's, not " +
+                  std::to_string(shards.size()));
+    const Engine& s = shards.size() == 1 ? shards[0] : shards[size_t(ranks->rank())];
+    if (ranks->world() != options.tp || s.spec.tp.world != options.tp || s.spec.tp.rank != ranks->rank())
+      throw Error("tensor parallel: this process is rank " + std::to_string(ranks->rank()) + " of " +
+                  std::to_string(ranks->world()) + " but holds the slice of rank " + std::to_string(s.spec.tp.rank) +
+                  " of " + std::to_string(s.spec.tp.world) + " (--tp " + std::to_string(options.tp) + ")");
+    std::unique_ptr<TpGroup> g(new TpGroup(options.tp));
+    g->procs_ = std::move(ranks);
+    g->shards_.push_back(borrowed(s));
+    return g;
+  }
+  // Threads (the CPU only: on the GPU the ranks are always processes, above).
   const int world = int(shards.size());
-  if (!backend.host_memory())
-    throw Error(std::string("an engine directory on the ") + backend.name() + " backend: on the GPU the ranks are "
-                "processes, and loading one rank's file per process is not implemented yet; load the checkpoint "
-                "(--model) with --tp, or run the directory with --device cpu");
-  if (tp_ranks_are_processes(false))
-    throw Error("INGOT_TP_PROCESSES=1 with an engine directory: loading one rank's file per process is not "
-                "implemented yet; load the checkpoint (--model) or run the ranks as threads");
   if (options.tp != world)
     throw Error("--tp " + std::to_string(options.tp) + ": the engine is split over " + std::to_string(world) + " ranks");
   std::unique_ptr<TpGroup> g(new TpGroup(world));
@@ -118,15 +147,7 @@ std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards,
     if (s.spec.tp.world != world || s.spec.tp.rank != r)
       throw Error("tensor parallel: the slice given as rank " + std::to_string(r) + " of " + std::to_string(world) +
                   " is rank " + std::to_string(s.spec.tp.rank) + " of " + std::to_string(s.spec.tp.world));
-    Engine e;
-    e.spec = s.spec;
-    e.weight_dtype = s.weight_dtype;
-    e.provenance = s.provenance;
-    // Borrowed: the loader keeps the files' mappings (the shards) alive longer than the Model.
-    for (const auto& [name, t] : s.weights)
-      e.weights.emplace(name, HostTensor::borrow(t.dtype(), t.shape(), t.data(),
-                                                 std::shared_ptr<const void>(t.data(), [](const void*) {})));
-    g->shards_.push_back(std::move(e));
+    g->shards_.push_back(borrowed(s));
   }
   return g;
 }

@@ -63,9 +63,11 @@ class TpGroup {
   static std::unique_ptr<TpGroup> make(const Engine& engine, Backend& backend, const RuntimeOptions& options,
                                        std::shared_ptr<RankProcess> ranks = nullptr);
   // Over slices already made (per-rank engine files, runtime/tp_engine_dir.h): shards[r] is rank r's,
-  // checked by the loader against the manifest; they are borrowed and must outlive the group.
+  // checked by the loader against the manifest; they are borrowed and must outlive the group. With
+  // `ranks` (ranks as processes): shards is this process's rank's slice alone, taken as its shard
+  // without slicing again.
   static std::unique_ptr<TpGroup> from_shards(const std::vector<Engine>& shards, Backend& backend,
-                                              const RuntimeOptions& options);
+                                              const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks = nullptr);
   ~TpGroup();
 
   int world() const { return comms_.world(); }

@@ -12,10 +12,35 @@
 
 namespace ingot {
 
+// The split rule, one weight at a time: stores into `out.weights` rank `rank`'s share of `whole_tensor`,
+// the whole model's weight `w` (an entry of the weight table of `whole`, the whole model's spec), and
+// for a tied embedding also the rank's LM-head rows of it as "lm_head". Replicated weights borrow
+// `whole_tensor`'s memory unless `own`, which copies them (for a caller that frees the whole tensor
+// next). shard_engine and build_rank_engine both slice through this, so their bits agree.
+void add_rank_weight(const ModelSpec& whole, const WeightSpec& w, const HostTensor& whole_tensor, int world, int rank,
+                     bool own, Engine& out);
+
 // Rank `rank`'s slice of `engine`, laid out as the rank spec's weight table says. Replicated weights
 // borrow the engine's memory (which must outlive the slice); split ones are copied. A row-parallel bias
 // (o_proj's) is kept by rank 0 and zero elsewhere, so the all-reduce adds it once. INT4 engines are
 // refused (not split yet).
 Engine shard_engine(const Engine& engine, int world, int rank);
+
+// What a rank's streaming build held at most: the bytes of the slice made so far plus the one whole
+// weight being sliced (the tests check it stays about total/world plus the largest weight).
+struct RankBuildStats {
+  uint64_t peak_bytes = 0;
+  uint64_t largest_whole_bytes = 0;  // the largest whole weight made
+};
+
+// Rank `rank`'s slice built directly, without the whole engine: each weight is made whole (converted
+// from the mmap'd checkpoint, or generated), sliced with add_rank_weight into an owned copy, and freed
+// before the next. Bitwise shard_engine(build_engine(dir, options), world, rank) and
+// shard_engine(random_engine(spec, dtype, seed), world, rank). INT4 is refused (as shard_engine does),
+// and options.sink must be unset (it is this function's).
+Engine build_rank_engine(const std::string& checkpoint_dir, const BuildOptions& options, int world, int rank,
+                         RankBuildStats* stats = nullptr);
+Engine random_rank_engine(const ModelSpec& spec, DType dtype, uint64_t seed, int world, int rank,
+                          RankBuildStats* stats = nullptr);
 
 }  // namespace ingot
