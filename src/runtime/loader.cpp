@@ -223,6 +223,8 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     l.engine->weight_dtype = plan.weight_dtype();
     l.engine->provenance = std::move(provenance);
   };
+  BuildOptions bo;  // a checkpoint folder's build (the whole model's or one rank's)
+  if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
   if (plan.dir_) {
     // Every rank file's header was checked by the plan (inspect_tp_engine_dir); with ranks as
     // processes only this rank's file is hashed and mapped.
@@ -237,16 +239,12 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     l.engine = std::make_unique<Engine>(std::move(le.engine));
     l.engine_file = std::move(le.info);
   } else if (rank >= 0 && !s.model_dir.empty()) {  // INT4 was refused for --tp by fit()
-    BuildOptions bo;
-    if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
     l.shards.push_back(build_rank_engine(s.model_dir, bo, plan.tp_, rank));
     whole_spec_only(l.shards[0].provenance);
   } else if (rank >= 0) {
     l.shards.push_back(random_rank_engine(plan.spec(), plan.weight_dtype(), s.random_seed, plan.tp_, rank));
     whole_spec_only(l.shards[0].provenance);
   } else if (!s.model_dir.empty()) {
-    BuildOptions bo;
-    if (!s.dtype.empty()) bo.dtype = parse_dtype(s.dtype);
     const bool awq = s.int4_group_size && !plan.calibration_.empty();
     if (!awq) {  // activation-aware: built unquantized, the scales searched on it, then quantized
       bo.int4_group_size = s.int4_group_size;

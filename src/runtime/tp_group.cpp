@@ -32,19 +32,6 @@ void check_backend(const Backend& backend, int world) {
 #endif
 }
 
-// A slice's weights borrowed: the loader keeps the slices (the files' mappings, or the slice a rank
-// process built) alive longer than the Model.
-Engine borrowed(const Engine& s) {
-  Engine e;
-  e.spec = s.spec;
-  e.weight_dtype = s.weight_dtype;
-  e.provenance = s.provenance;
-  for (const auto& [name, t] : s.weights)
-    e.weights.emplace(name, HostTensor::borrow(t.dtype(), t.shape(), t.data(),
-                                               std::shared_ptr<const void>(t.data(), [](const void*) {})));
-  return e;
-}
-
 }  // namespace
 
 bool tp_ranks_are_processes(bool gpu) {
@@ -117,13 +104,10 @@ std::unique_ptr<TpGroup> TpGroup::make(const Engine& engine, Backend& backend, c
 std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards, Backend& backend,
                                              const RuntimeOptions& options, std::shared_ptr<RankProcess> ranks) {
   // Ranks as processes: over the RankProcess given (the loader's), else one started here.
-  if (!ranks && tp_ranks_are_processes(!backend.host_memory())) {
+  if (ranks || tp_ranks_are_processes(!backend.host_memory())) {
     check_backend(backend, options.tp);
-    ranks = RankProcess::start(options.tp, backend);
-  }
-  if (ranks) {
+    if (!ranks) ranks = RankProcess::start(options.tp, backend);
     // This process's slice: the one it built or loaded alone (runtime/loader.h), or its rank's of all.
-    check_backend(backend, options.tp);
     if (shards.size() != 1 && int(shards.size()) != options.tp)
       throw Error("--tp " + std::to_string(options.tp) + ": a rank process takes its own slice or every rank's, not " +
                   std::to_string(shards.size()));
@@ -134,7 +118,7 @@ std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards,
                   " of " + std::to_string(s.spec.tp.world) + " (--tp " + std::to_string(options.tp) + ")");
     std::unique_ptr<TpGroup> g(new TpGroup(options.tp));
     g->procs_ = std::move(ranks);
-    g->shards_.push_back(borrowed(s));
+    g->shards_.push_back(borrowed_engine(s));  // the loader keeps the slices alive longer
     return g;
   }
   // Threads (the CPU only: on the GPU the ranks are always processes, above).
@@ -147,7 +131,7 @@ std::unique_ptr<TpGroup> TpGroup::from_shards(const std::vector<Engine>& shards,
     if (s.spec.tp.world != world || s.spec.tp.rank != r)
       throw Error("tensor parallel: the slice given as rank " + std::to_string(r) + " of " + std::to_string(world) +
                   " is rank " + std::to_string(s.spec.tp.rank) + " of " + std::to_string(s.spec.tp.world));
-    g->shards_.push_back(borrowed(s));
+    g->shards_.push_back(borrowed_engine(s));
   }
   return g;
 }

@@ -143,17 +143,27 @@ void add_rank_weight(const ModelSpec& f, const WeightSpec& w, const HostTensor& 
   out.weights.emplace(w.name, std::move(part));
 }
 
+Engine borrowed_engine(const Engine& engine) {
+  Engine out;
+  out.spec = engine.spec;
+  out.weight_dtype = engine.weight_dtype;
+  out.provenance = engine.provenance;
+  for (const auto& [name, t] : engine.weights) out.weights.emplace(name, borrow(t));
+  return out;
+}
+
 Engine shard_engine(const Engine& engine, int world, int rank) {
   if (engine.quant) throw Error(int4_refusal(world));
   const ModelSpec& f = engine.spec;
+  if (world == 1) {
+    Engine out = borrowed_engine(engine);
+    out.spec = rank_spec(f, world, rank);
+    return out;
+  }
   Engine out;
   out.spec = rank_spec(f, world, rank);
   out.weight_dtype = engine.weight_dtype;
   out.provenance = engine.provenance;
-  if (world == 1) {
-    for (const auto& [name, t] : engine.weights) out.weights.emplace(name, borrow(t));
-    return out;
-  }
   const WeightTable table = find_family(f.family).weights(f);
   for (const WeightSpec& w : table.entries()) add_rank_weight(f, w, engine.get(w.name), world, rank, false, out);
   check_slice(out, rank);

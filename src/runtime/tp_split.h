@@ -20,6 +20,10 @@ namespace ingot {
 void add_rank_weight(const ModelSpec& whole, const WeightSpec& w, const HostTensor& whole_tensor, int world, int rank,
                      bool own, Engine& out);
 
+// A view of `engine`: its spec, dtype and provenance, every weight borrowing the engine's memory (which
+// must outlive the view).
+Engine borrowed_engine(const Engine& engine);
+
 // Rank `rank`'s slice of `engine`, laid out as the rank spec's weight table says. Replicated weights
 // borrow the engine's memory (which must outlive the slice); split ones are copied. A row-parallel bias
 // (o_proj's) is kept by rank 0 and zero elsewhere, so the all-reduce adds it once. INT4 engines are

@@ -744,11 +744,6 @@ int cuda_device_count() {
   return n;
 }
 
-bool cuda_available() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
-  return ok;
-}
+bool cuda_available() { return cuda_device_count() > 0; }
 
 }  // namespace ingot

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
 #pragma unroll
       for (int q = 0; q < RW; ++q) {
         float wv[V];
-        widen16_as<T, V>(raw[u][q], wv);
+        widen16<T>(raw[u][q], wv);
 #pragma unroll
         for (int i = 0; i < V; ++i) acc[q] += wv[i] * xv[i];
       }

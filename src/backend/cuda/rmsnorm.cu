@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(kThreads) add_rmsnorm_vec_kernel(RmsNormArgs a
   for (int c = 0; c < NV; ++c) {
     const int vi = int(threadIdx.x) + c * kThreads;
     if (vi >= nvec) break;
-    widen16_as<T, V>(xr[c], v[c]);
+    widen16<T>(xr[c], v[c]);
     if (d) {
       float dv[V];
-      widen16_as<T, V>(dr[c], dv);
+      widen16<T>(dr[c], dv);
       alignas(16) T r[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {

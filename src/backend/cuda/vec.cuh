@@ -38,29 +38,21 @@ __device__ __forceinline__ void load_row(const T* p, float (&out)[N]) {
 }
 
 // The 16 bytes of one vector load already in registers, widened to f32 (16 / sizeof(T) elements).
-__device__ __forceinline__ void widen16(const uint4& raw, float (&out)[4]) {
-  out[0] = __uint_as_float(raw.x);
-  out[1] = __uint_as_float(raw.y);
-  out[2] = __uint_as_float(raw.z);
-  out[3] = __uint_as_float(raw.w);
-}
 template <typename T>
-__device__ __forceinline__ void widen16(const uint4& raw, float (&out)[8]) {
-  static_assert(sizeof(T) == 2, "eight elements per 16 bytes are a 16-bit type");
+__device__ __forceinline__ void widen16(const uint4& raw, float (&out)[16 / sizeof(T)]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float2 f;
-    if constexpr (std::is_same_v<T, __half>) f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-    else f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
+    if constexpr (sizeof(T) == 4) {
+      out[i] = __uint_as_float(words[i]);
+    } else {
+      float2 f;
+      if constexpr (std::is_same_v<T, __half>) f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+      else f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
   }
-}
-template <typename T, int V>
-__device__ __forceinline__ void widen16_as(const uint4& raw, float (&out)[V]) {
-  if constexpr (sizeof(T) == 4) widen16(raw, out);
-  else widen16<T>(raw, out);
 }
 
 }  // namespace ingot::cuda
