@@ -344,6 +344,34 @@ TEST_P(CudaOps, Int4LinearLongRows) {
   }
 }
 
+// The 1..8-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
+// Llama-like rows (K = 1024, 4096, 14336: one step, several, and a last step part-full for every
+// split int4_linear.cu picks), odd N (16-row tiles cut short; one N of several blocks), zero points or
+// none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are zeros). 16-bit only:
+// f32 engines keep their own kernel.
+TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
+  if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernel takes f16/bf16 activations";
+  int cases = 0;
+  for (int64_t G : {32, 64, 128, 256})
+    for (int64_t K : {1024, 4096, 14336})
+      for (int64_t T : {1, 2, 5, 8}) {
+        const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
+        const int64_t N = K == 4096 && T == 1 ? 333 : 37;
+        const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
+        auto x = rnd(size_t(T * K)), b = rnd(size_t(N), 0.5f);
+        Side& g = *gpu_;
+        Side& c = *cpu_;
+        void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+        gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), bias ? g.put(b) : nullptr, g.m(gy, T, N));
+        cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), bias ? c.put(b, dt_) : nullptr, c.m(cy, T, N));
+        expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
+                     "int4 decode G=" + std::to_string(G) + " T=" + std::to_string(T) + " N=" + std::to_string(N) +
+                         " K=" + std::to_string(K) + (zeros ? " zeros" : "") + (bias ? " bias" : ""));
+        ++cases;
+      }
+  EXPECT_EQ(cases, 48);
+}
+
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
 // its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
 TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {

@@ -4,9 +4,13 @@
 // consecutive bytes (32 values, always inside one group since groups are powers of two >= 32) per
 // lane per load.
 //
-// Three kernels:
-//  - int4_mma_kernel (f16/bf16, 1..16 tokens, decode): one block per 8 output rows, its warps splitting
-//    K; each lane dequantizes in registers into pairs of the activation dtype, exactly
+// Four kernels:
+//  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..8 tokens, decode): the weights as the MMA's
+//    A operand, 16 output rows a warp tile, S warps of a tile splitting K; its instance per shape is
+//    int4_design below. INGOT_CUDA_INT4_OLD=1 sends these calls to int4_mma_kernel instead.
+//  - int4_mma_kernel (f16/bf16, 9..16 tokens, and 1..8 before the kernel above): one block per 8
+//    output rows, its warps splitting K; each lane dequantizes in registers into pairs of the
+//    activation dtype, exactly
 //    round((nibble - zero) * scale) (the integer difference is exact in 16 bits, the product rounded
 //    once, as the f32 product rounded to 16 bits is), and feeds them to mma.sync m16n8k16 as the B
 //    operand (k x outputs), the tokens being the A rows (16; rows past the call are zeros), fp32
@@ -21,9 +25,10 @@
 //    y = x deq^T = W_stored . x[perm] with x read as it is.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/int4_gemv_kernel.cuh"
 
 namespace ingot::cuda {
 namespace {
@@ -61,70 +66,11 @@ struct DequantArgs {
   int group_shift;
 };
 
-// 16 bytes of weights, read once: not kept in L1, which holds x.
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
-// (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__half> {
-  using T2 = __half2;
-  static constexpr uint32_t kMagic = 0x6400;
-  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
-    __half2 d = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&zm)),
-                        *reinterpret_cast<__half2*>(&s2));
-    return *reinterpret_cast<uint32_t*>(&d);
-  }
-};
-template <>
-struct Pair<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
-  static constexpr uint32_t kMagic = 0x4300;
-  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
-    __nv_bfloat162 d = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&zm)),
-                               *reinterpret_cast<__nv_bfloat162*>(&s2));
-    return *reinterpret_cast<uint32_t*>(&d);
-  }
-};
-
-// Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T, low half value c:
-// round((nibble - zero) * scale). zm holds (2^e + zero) in both halves, s2 the scale in both.
-template <typename T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
-  const uint32_t q = ((word >> shift) & 0x000f000fu) | (Pair<T>::kMagic * 0x00010001u);
-  return Pair<T>::sub_mul(q, zm, s2);
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t bits_of(T v) {
-  return uint32_t(*reinterpret_cast<const uint16_t*>(&v));
-}
-
-// D (+)= A B on the tensor cores: A 16x16 (tokens x k slots), B 16x8 (k slots x outputs), f32 C/D.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
+using int4gemv::bits_of;
+using int4gemv::dequant_pair;
+using int4gemv::load_stream;
+using int4gemv::mma_16816;
+using int4gemv::Pair;
 
 // 32 values of x row `row` from column `base` as 16 pairs (zeros when the row or the columns are
 // outside the call: they multiply real weights, and must not be NaN garbage).
@@ -361,22 +307,94 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
     throw Error(std::string("cuda backend: ") + op + ": INT4 weight of more than 2^31 rows or columns");
 }
 
+namespace {
+
+// The instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row tile, U loads per
+// lane and row in flight, R tiles per block, P the next step's loads issued before this step's math.
+enum class Int4Design { S4U2R2, S8U4R1, S8U4R1P };
+
+// The instance for a product of N rows of K columns. Not measured yet (bench/int4_lab.cu times these
+// and their neighbours; change the choice here once it has run). The reasoning: a 16-row tile's S
+// warps each keep 2U x 512 bytes in flight; at K = 4096 eight warps of four loads cover the row in
+// one step (every load issued before any math), 8 x 256..384 tiles give 15-23 warps per SM at
+// N = 4096..6144, ~30-60 KB in flight per SM, what HBM's latency needs; longer rows (12288, 14336)
+// take several steps, so the next step's loads are issued before this step's math; short rows
+// (1024, 2048) are one or two steps of half as many loads, two tiles a block.
+Int4Design int4_design(int N, int K) {
+  (void)N;
+  if (K <= 2048) return Int4Design::S4U2R2;
+  if (K <= 8192) return Int4Design::S8U4R1;
+  return Int4Design::S8U4R1P;
+}
+
+// The new kernel serves 1..kNewTokens tokens (its MMA's 8 token columns); 9..16 keep int4_mma_kernel.
+constexpr int kNewTokens = int4gemv::kMaxTokens;
+
+// INGOT_CUDA_INT4_OLD=1: every 1..16-token product on int4_mma_kernel, the kernel before
+// int4_gemv_kernel.cuh (for A/B measurements, as INGOT_CUDA_GEMV_ONE_WARP=1 is for the 16-bit GEMV).
+bool int4_old_path() {
+  static const bool on = [] {
+    const char* e = std::getenv("INGOT_CUDA_INT4_OLD");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
+template <typename T, int S, int U, int R, bool P>
+void launch_design(const int4gemv::Args& a, cudaStream_t s) {
+  const unsigned tiles = unsigned((a.N + 15) / 16), blocks = (tiles + R - 1) / R;
+  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+}
+
+template <typename T>
+void launch_new(const int4gemv::Args& a, cudaStream_t s) {
+  switch (int4_design(a.N, a.K)) {
+    case Int4Design::S4U2R2: return launch_design<T, 4, 2, 2, false>(a, s);
+    case Int4Design::S8U4R1: return launch_design<T, 8, 4, 1, false>(a, s);
+    case Int4Design::S8U4R1P: return launch_design<T, 8, 4, 1, true>(a, s);
+  }
+}
+
+// Whether the decode kernels take the call: 1..16 tokens, no act-order perm, 16-byte aligned x rows.
+bool decode_suits(const Mat& x, const Mat& w) {
+  return x.rows >= 1 && x.rows <= kInt4DecodeRows && !w.int4.perm && aligned16(x.data, x.ld, dtype_size(x.dtype));
+}
+
+Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
+  return Int4Args{x.data,       x.ld, static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
+                  w.cols / w.int4.group_size, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols),
+                  log2_exact(w.int4.group_size)};
+}
+
+}  // namespace
+
+bool launch_int4_gemv_mma(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
+  if (!decode_suits(x, w) || (x.dtype != DType::F16 && x.dtype != DType::BF16)) return false;
+  const Int4Args a = int4_args(x, w, bias, y);
+  dispatch(x.dtype, "int4 linear", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if constexpr (!std::is_same_v<T, float>) {
+      const dim3 grid(unsigned((a.N + 7) / 8));
+      if (a.T > 8) launch("int4_mma_kernel", int4_mma_kernel<T, true>, grid, dim3(kWarps * 32), 0, s, a);
+      else launch("int4_mma_kernel", int4_mma_kernel<T, false>, grid, dim3(kWarps * 32), 0, s, a);
+    }
+  });
+  return true;
+}
+
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
-  if (x.rows < 1 || x.rows > kInt4DecodeRows || w.int4.perm) return false;
-  if (!aligned16(x.data, x.ld, dtype_size(x.dtype))) return false;
-  const Int4Args a{x.data,       x.ld, static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
-                   w.cols / w.int4.group_size, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols),
-                   log2_exact(w.int4.group_size)};
+  if (!decode_suits(x, w)) return false;
+  const Int4Args a = int4_args(x, w, bias, y);
   switch (x.dtype) {
     case DType::F16:
     case DType::BF16:
+      if (a.T > kNewTokens || int4_old_path()) return launch_int4_gemv_mma(x, w, bias, y, s);
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        if constexpr (!std::is_same_v<T, float>) {
-          const dim3 grid(unsigned((a.N + 7) / 8));
-          if (a.T > 8) launch("int4_mma_kernel", int4_mma_kernel<T, true>, grid, dim3(kWarps * 32), 0, s, a);
-          else launch("int4_mma_kernel", int4_mma_kernel<T, false>, grid, dim3(kWarps * 32), 0, s, a);
-        }
+        if constexpr (!std::is_same_v<T, float>)
+          launch_new<T>(int4gemv::Args{a.x, a.x_ld, a.w, a.w_ld, a.scales, a.zeros, a.s_ld, a.bias, a.y, a.y_ld, a.T,
+                                       a.N, a.K, a.group_shift},
+                        s);
       });
       return true;
     case DType::F32: {

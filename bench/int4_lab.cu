@@ -1,0 +1,246 @@
+// INT4 decode design lab (issue 12): the library's INT4 decode product (the public launcher, which
+// picks an instance of src/backend/cuda/int4_gemv_kernel.cuh by shape), the older int4_mma_kernel
+// (its own launcher), and several splits of the new kernel, timed as a decode step runs them: a CUDA
+// graph of one launch per copy over enough distinct copies of the weight that every call streams it
+// from HBM (about 320 MB of packed weights and scales per shape), programmatic dependent launch on.
+// Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
+// one shape), 1 token (and 4 and 8 for two shapes). Every design is checked against a
+// double-precision host product of the same dequantized values; a mismatch beyond what f32
+// accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
+//   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
+// Written for this repository (its packed layout and kernels), as bench/gemv_lab.cu is.
+// Columns: design, shape, T (tokens), G (group), us/call (one product), GB/s (packed weight + scale +
+// zero bytes per call over its time), max err (the largest |y - ref| / (|ref| + 0.1 rms(ref)) over the
+// checked outputs). Designs: "lib" the library's launcher (its int4_design choice, or the old kernel
+// under INGOT_CUDA_INT4_OLD=1), "old" int4_mma_kernel, "S4 U2 R2 P" etc. the new kernel with S warps
+// per 16-row tile, U 16-byte loads per lane and row in flight, R tiles per block, P pipelined.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/int4_gemv_kernel.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using ingot::cuda::int4gemv::Args;
+
+void ck(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+
+struct Design {
+  std::string name;
+  std::function<void(const Args&, cudaStream_t)> launch;
+};
+
+template <int S, int U, int R, bool P>
+Design design() {
+  Design d;
+  d.name = "S" + std::to_string(S) + " U" + std::to_string(U) + " R" + std::to_string(R) + (P ? " P" : "");
+  d.launch = [](const Args& a, cudaStream_t s) {
+    const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P>, dim3(blocks), dim3(R * S * 32),
+                        0, s, a);
+  };
+  return d;
+}
+
+// The library's kernels through their public launchers: Args as the Mats they take.
+Design library(bool old) {
+  Design d;
+  d.name = old ? "old" : "lib";
+  d.launch = [old](const Args& a, cudaStream_t s) {
+    using ingot::DType;
+    using ingot::Mat;
+    Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
+    Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.w_ld};
+    w.int4.data = const_cast<void*>(a.scales);
+    w.int4.dtype = DType::BF16;
+    w.int4.group_size = int64_t(1) << a.group_shift;
+    w.int4.zeros = const_cast<uint8_t*>(a.zeros);
+    Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
+    const bool ran = old ? ingot::cuda::launch_int4_gemv_mma(x, w, a.bias, y, s)
+                         : ingot::cuda::launch_int4_gemv(x, w, a.bias, y, s);
+    if (!ran) {
+      std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
+      std::exit(1);
+    }
+  };
+  return d;
+}
+
+// The library's current and older paths, then the new kernel's splits around int4_design's picks.
+std::vector<Design> designs() {
+  return {library(false),           library(true),           design<1, 4, 4, false>(), design<2, 4, 2, false>(),
+          design<4, 2, 2, false>(), design<4, 4, 1, false>(), design<4, 4, 1, true>(),  design<8, 2, 1, false>(),
+          design<8, 4, 1, false>(), design<8, 4, 1, true>(),  design<16, 2, 1, false>()};
+}
+
+struct Shape {
+  const char* name;
+  int N, K;
+  int G;  // group size
+  int T;  // tokens
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
+  // gate/up fused ([2I, H]) as the engine stores it.
+  const std::vector<Shape> shapes = {
+      {"l8b.qkv", 6144, 4096, 128, 1},     {"l8b.o", 4096, 4096, 128, 1},      {"l8b.gateup", 28672, 4096, 128, 1},
+      {"l8b.down", 4096, 14336, 128, 1},   {"q8b.qkv", 6144, 4096, 128, 1},    {"q8b.o", 4096, 4096, 128, 1},
+      {"q8b.gateup", 24576, 4096, 128, 1}, {"q8b.down", 4096, 12288, 128, 1},  {"q0.6b.qkv", 4096, 1024, 128, 1},
+      {"q0.6b.o", 1024, 2048, 128, 1},     {"q0.6b.gateup", 6144, 1024, 128, 1}, {"q0.6b.down", 1024, 3072, 128, 1},
+      {"l8b.qkv", 6144, 4096, 32, 1},      {"l8b.qkv", 6144, 4096, 128, 4},    {"l8b.down", 4096, 14336, 128, 4},
+      {"l8b.qkv", 6144, 4096, 128, 8},     {"l8b.down", 4096, 14336, 128, 8},
+  };
+  cudaStream_t s;
+  ck(cudaStreamCreate(&s), "stream");
+  cudaEvent_t e0, e1;
+  ck(cudaEventCreate(&e0), "event");
+  ck(cudaEventCreate(&e1), "event");
+  double copy_gbs = 0;
+  {  // device copy bandwidth of 1 GiB (read + write counted), the ceiling the GB/s column is read against
+    const size_t bytes = size_t(1) << 30;
+    void *a, *b;
+    ck(cudaMalloc(&a, bytes), "malloc");
+    ck(cudaMalloc(&b, bytes), "malloc");
+    ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+    ck(cudaEventRecord(e0, s), "record");
+    for (int i = 0; i < 5; ++i) ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+    ck(cudaEventRecord(e1, s), "record");
+    ck(cudaEventSynchronize(e1), "sync");
+    float ms;
+    ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    copy_gbs = 2.0 * bytes * 5 / (ms * 1e-3) / 1e9;
+    std::printf("device copy bandwidth (cudaMemcpy D2D, 1 GiB, read + write): %.0f GB/s\n", copy_gbs);
+    ck(cudaFree(a), "free");
+    ck(cudaFree(b), "free");
+  }
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> byte(0, 255), nib(0, 15);
+  std::uniform_real_distribution<float> sc(0.004f, 0.016f);
+  const size_t kPoolBytes = size_t(320) << 20;  // packed weights + scales + zeros of all copies of a shape
+  std::vector<std::string> table;
+  bool failed = false;
+  char line[256];
+  for (const Shape& sh : shapes) {
+    const int groups = sh.K / sh.G;
+    const size_t wbytes = size_t(sh.N) * size_t(sh.K / 2), sbytes = size_t(sh.N) * size_t(groups) * 2,
+                 zbytes = size_t(sh.N) * size_t(groups), copy = wbytes + sbytes + zbytes;
+    const int copies = int(std::max<size_t>(2, kPoolBytes / copy));
+    std::vector<uint8_t> hw(wbytes), hz(zbytes);  // [N, K/2] packed, [N, K/G] zeros
+    std::vector<bf16> hs(size_t(sh.N) * size_t(groups)), hx(size_t(sh.T) * size_t(sh.K));  // [N, K/G], [T, K]
+    for (auto& v : hw) v = uint8_t(byte(rng));
+    for (auto& v : hz) v = uint8_t(nib(rng));
+    for (auto& v : hs) v = __float2bfloat16_rn(sc(rng));
+    for (auto& v : hx) v = __float2bfloat16_rn(nd(rng));
+    // Every copy in one allocation: copy c's weights, scales and zeros at c * copy (16-byte aligned:
+    // every size above is a multiple of 16).
+    uint8_t* pool;
+    ck(cudaMalloc(&pool, copy * size_t(copies)), "malloc");
+    for (int c = 0; c < copies; ++c) {
+      uint8_t* base = pool + size_t(c) * copy;
+      ck(cudaMemcpy(base, hw.data(), wbytes, cudaMemcpyHostToDevice), "upload");
+      ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
+      ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
+    }
+    bf16 *x, *y;  // [T, K], [T, N]
+    ck(cudaMalloc(&x, hx.size() * 2), "malloc");
+    ck(cudaMalloc(&y, size_t(sh.T) * size_t(sh.N) * 2), "malloc");
+    ck(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "upload");
+    // The reference: every 37th row (and the last), each weight round_bf16((nibble - zero) * scale)
+    // as the kernels define it, products and sums in double.
+    std::vector<int> rows;
+    for (int n = 0; n < sh.N; n += 37) rows.push_back(n);
+    rows.push_back(sh.N - 1);
+    std::vector<double> ref(rows.size() * size_t(sh.T));  // [rows, T]
+    double rms = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int n = rows[i];
+      std::vector<double> wrow(size_t(sh.K));
+      for (int k = 0; k < sh.K; ++k) {
+        const int q = (hw[size_t(n) * (sh.K / 2) + k / 2] >> (4 * (k & 1))) & 0xf;
+        const size_t gi = size_t(n) * groups + k / sh.G;
+        wrow[size_t(k)] = __bfloat162float(__float2bfloat16_rn(float(q - int(hz[gi])) * __bfloat162float(hs[gi])));
+      }
+      for (int t = 0; t < sh.T; ++t) {
+        double acc = 0;
+        for (int k = 0; k < sh.K; ++k) acc += wrow[size_t(k)] * __bfloat162float(hx[size_t(t) * sh.K + k]);
+        ref[i * sh.T + t] = acc;
+        rms += acc * acc;
+      }
+    }
+    rms = std::sqrt(rms / double(ref.size()));
+    int lg = 0;
+    while ((1 << lg) < sh.G) ++lg;
+    for (const Design& d : designs()) {
+      ck(cudaMemset(y, 0xff, size_t(sh.T) * size_t(sh.N) * 2), "memset");  // NaN until written
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+      for (int c = 0; c < copies; ++c) {
+        const uint8_t* base = pool + size_t(c) * copy;
+        d.launch(Args{x, sh.K, base, sh.K / 2, base + wbytes, base + wbytes + sbytes, groups, nullptr, y, sh.N, sh.T,
+                      sh.N, sh.K, lg},
+                 s);
+      }
+      ck(cudaStreamEndCapture(s, &g), "capture");
+      ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+      ck(cudaGraphLaunch(ge, s), "replay");
+      ck(cudaStreamSynchronize(s), "sync");
+      std::vector<bf16> hy(size_t(sh.T) * size_t(sh.N));
+      ck(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost), "download");
+      double worst = 0;
+      for (size_t i = 0; i < rows.size(); ++i)
+        for (int t = 0; t < sh.T; ++t) {
+          const double r = ref[i * sh.T + t], v = __bfloat162float(hy[size_t(t) * sh.N + rows[i]]);
+          const double err = std::fabs(v - r) / (std::fabs(r) + 0.1 * rms);
+          if (!(err <= worst)) worst = err == err ? err : 1e9;  // NaN never passes
+        }
+      ck(cudaEventRecord(e0, s), "record");
+      for (int i = 0; i < reps; ++i) ck(cudaGraphLaunch(ge, s), "replay");
+      ck(cudaEventRecord(e1, s), "record");
+      ck(cudaEventSynchronize(e1), "sync");
+      float ms;
+      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      const double us = ms * 1e3 / (double(reps) * copies);
+      // bf16 output rounding is 2^-9 relative; f32 sums of K products add far less.
+      const bool wrong = !(worst <= 0.01);
+      failed = failed || wrong;
+      std::snprintf(line, sizeof line, "%-12s %-14s %2d %4d %9.2f %9.0f %9.5f%s", d.name.c_str(), sh.name, sh.T, sh.G,
+                    us, double(copy) / (us * 1e-6) / 1e9, worst, wrong ? "  WRONG" : "");
+      std::printf("%s\n", line);
+      std::fflush(stdout);
+      table.push_back(line);
+      ck(cudaGraphExecDestroy(ge), "destroy");
+      ck(cudaGraphDestroy(g), "destroy");
+    }
+    ck(cudaFree(pool), "free");
+    ck(cudaFree(x), "free");
+    ck(cudaFree(y), "free");
+  }
+  std::printf("\nfinal table (device copy %.0f GB/s)\n%-12s %-14s %2s %4s %9s %9s %9s\n", copy_gbs, "design", "shape",
+              "T", "G", "us/call", "GB/s", "max err");
+  for (const auto& l : table) std::printf("%s\n", l.c_str());
+  if (failed) {
+    std::printf("FAILED: a design's result is wrong (marked WRONG above)\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,279 @@
+// The INT4 weight-only decode product for 1..8 tokens of f16/bf16 activations (y = x w^T + bias, w
+// packed as quant/int4.h lays it out), a template over its split of the rows in the manner of
+// gemv_kernel.cuh: S warps per 16-row tile splitting K, U 16-byte loads per lane and row in flight,
+// R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
+// the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
+// and against the library's launcher. Also here: the pieces int4_linear.cu's older kernels share with
+// it (the streaming load, the exact 16-bit dequantization of a nibble pair, the MMA), so every path
+// dequantizes to the same bits.
+//
+// Hand-written rather than taken from a library: the packed layout is ours (rows of K/2 bytes, no
+// re-layout at build), and the value each nibble stands for is defined bit for bit by this backend
+// (round((nibble - zero) * scale) to the activation dtype), which published W4A16 kernels (their own
+// interleaved layouts, scales folded into fused multiply-adds) do not reproduce.
+//
+// Why this shape (instruction count per 16-byte load of 32 weights is what bounds the older kernel):
+//  - The weights are the MMA's A operand (m16n8k16: 16 output rows x 16 k slots) and the tokens its B
+//    columns (8: tokens past the call are zero columns). A lane holds 8 weights per MMA, so 32
+//    weights take 4 MMAs (the older kernel, weights as B, needs 8), and 1..8 tokens cost the same.
+//  - Lane (g, t) reads 16 bytes of row g and 16 of row g + 8 at the same columns; the B fragment
+//    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
+//    both rows.
+//  - Two accumulators alternate so consecutive MMAs do not wait on each other.
+//  - Dequantization stays exact: a shift and one lop3 place two nibbles in the mantissas of the
+//    16-bit pattern of 2^e (e = 10 for f16, 7 for bf16: unit in the last place 1), so the pair is
+//    exactly 2^e + nibble; subtracting 2^e + zero is exact, and one packed multiply by the scale
+//    rounds once: round((nibble - zero) * scale), as the f32 product rounded to 16 bits is.
+// Accumulation is f32; the S warps' sums meet in shared memory and are added in warp order, so
+// results do not depend on scheduling or graph replay.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace ingot::cuda::int4gemv {
+
+constexpr int kMaxTokens = 8;         // the MMA's B columns
+constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
+
+struct Args {
+  const void* x;         // [T, K] activations, x_ld elements between rows (16-byte aligned rows)
+  int64_t x_ld;
+  const uint8_t* w;      // [N, K/2] packed nibbles, w_ld bytes between rows (16-byte aligned rows)
+  int64_t w_ld;
+  const void* scales;    // [N, K/group] in the activation dtype, s_ld elements between rows
+  const uint8_t* zeros;  // [N, K/group] u8 in 0..15, or null (every zero 8)
+  int64_t s_ld;
+  const void* bias;      // [N] or null
+  void* y;               // [T, N], y_ld elements between rows
+  int64_t y_ld;
+  int T, N, K;           // T in 1..kMaxTokens; K a multiple of 32 (groups are powers of two >= 32)
+  int group_shift;       // log2(group size)
+};
+
+// 16 bytes of weights, read once: not kept in L1, which holds x.
+__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
+// (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__half> {
+  static constexpr uint32_t kMagic = 0x6400;
+  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
+    __half2 d = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&zm)),
+                        *reinterpret_cast<__half2*>(&s2));
+    return *reinterpret_cast<uint32_t*>(&d);
+  }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  static constexpr uint32_t kMagic = 0x4300;
+  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
+    __nv_bfloat162 d = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&zm)),
+                               *reinterpret_cast<__nv_bfloat162*>(&s2));
+    return *reinterpret_cast<uint32_t*>(&d);
+  }
+};
+
+// Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T, low half value c:
+// round((nibble - zero) * scale). zm holds (2^e + zero) in both halves, s2 the scale in both.
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
+  const uint32_t q = ((word >> shift) & 0x000f000fu) | (Pair<T>::kMagic * 0x00010001u);
+  return Pair<T>::sub_mul(q, zm, s2);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t bits_of(T v) {
+  return uint32_t(*reinterpret_cast<const uint16_t*>(&v));
+}
+
+// D (+)= A B on the tensor cores: A 16x16 (row-major), B 16x8 (column-major), f32 C/D.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// One load slot of a lane: 16 bytes of each of its two rows and their groups' (2^e + zero, scale)
+// pairs, all in registers before any math.
+struct Slot {
+  uint4 qa, qb;            // row g, row g + 8: 32 nibbles each, the same columns
+  uint32_t zma, sa, zmb, sb;
+};
+
+// Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
+// tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
+// in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
+// slots of one step cover 64U contiguous bytes of each of its 16 rows and the S warps of a tile
+// interleave by step. Word j of a piece (columns 8j .. 8j + 7 of the piece) feeds two MMAs: k slots
+// (2t, 2t+1 | 2t+8, 2t+9) hold columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7): the
+// nibble pairs a shift and a mask give, and x is paired the same way with byte permutes, so every
+// product pairs a weight with its own input column and the weights need no re-layout.
+template <typename T, int S, int U, int R, bool kPipe>
+__global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int r = warp / S, part = warp % S;
+  const int n0 = (int(blockIdx.x) * R + r) * 16;
+  // Rows past N read the last row (always in bounds); their outputs are not written.
+  const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
+  const uint8_t* wa = a.w + int64_t(na) * a.w_ld;
+  const uint8_t* wb = a.w + int64_t(nb) * a.w_ld;
+  // The head of both rows into L2 (one 128-byte line per lane of the tile's quads), before waiting:
+  // weights depend on no earlier kernel.
+  {
+    const int head = min(a.K / 2, kPrefetchBytes);
+    for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + b));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + b));
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  const T* sca = static_cast<const T*>(a.scales) + int64_t(na) * a.s_ld;
+  const T* scb = static_cast<const T*>(a.scales) + int64_t(nb) * a.s_ld;
+  const uint8_t* zra = a.zeros ? a.zeros + int64_t(na) * a.s_ld : nullptr;
+  const uint8_t* zrb = a.zeros ? a.zeros + int64_t(nb) * a.s_ld : nullptr;
+  // Token g's row of x: lanes past the call's tokens read nothing and multiply zeros.
+  const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
+  const int pieces = a.K / 32;
+  constexpr int kStepPieces = S * 4 * U;  // pieces of a row one step of the tile's S warps covers
+
+  // Loads of one step: every weight load first, then the scales and zeros of their groups. A lane
+  // past K loads nothing: zero weights and a zero scale (and its x is zero too).
+  auto load = [&](Slot (&sl)[U], int step) {
+    const int p0 = (step * S + part) * 4 * U + t;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = p0 + 4 * u;
+      const bool ok = p < pieces;
+      sl[u].qa = ok ? load_stream(wa + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+      sl[u].qb = ok ? load_stream(wb + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = p0 + 4 * u;
+      const bool ok = p < pieces;
+      const int grp = (p * 32) >> a.group_shift;
+      const uint32_t za = ok && zra ? uint32_t(zra[grp]) : 8u, zb = ok && zrb ? uint32_t(zrb[grp]) : 8u;
+      sl[u].zma = (Pair<T>::kMagic | za) * 0x00010001u;
+      sl[u].zmb = (Pair<T>::kMagic | zb) * 0x00010001u;
+      sl[u].sa = ok ? bits_of(sca[grp]) * 0x00010001u : 0u;
+      sl[u].sb = ok ? bits_of(scb[grp]) * 0x00010001u : 0u;
+    }
+  };
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  auto math = [&](const Slot (&sl)[U], int step) {
+    const int q0 = (step * S + part) * 4 * U;  // the warp's first piece this step (lane t = 0)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform: the MMAs below run on every lane or none
+      const int p = q0 + 4 * u + t;
+      uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
+      if (xr && p < pieces) {
+        const uint4* px = reinterpret_cast<const uint4*>(xr + int64_t(p) * 32);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v = px[i];
+          xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xv[i] = 0;
+      }
+      const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
+      const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // Pairs c = 2h (slots 2t, 2t+1) and c = 2h + 1 (slots 2t+8, 2t+9): columns (8j+2h, 8j+2h+4)
+          // and (8j+2h+1, 8j+2h+5); A rows g (a0, a2) and g + 8 (a1, a3).
+          const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, sl[u].zma, sl[u].sa),
+                                 dequant_pair<T>(wb4[j], 8 * h, sl[u].zmb, sl[u].sb),
+                                 dequant_pair<T>(wa4[j], 8 * h + 4, sl[u].zma, sl[u].sa),
+                                 dequant_pair<T>(wb4[j], 8 * h + 4, sl[u].zmb, sl[u].sb)};
+          const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;  // x columns (8j+2h, +1) and (8j+2h+4, +5)
+          mma_16816<T>(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+        }
+      }
+    }
+  };
+
+  const int steps = (pieces + kStepPieces - 1) / kStepPieces;
+  if constexpr (!kPipe) {
+    for (int i = 0; i < steps; ++i) {
+      Slot sl[U];
+      load(sl, i);
+      math(sl, i);
+    }
+  } else {
+    // Two register buffers: step i + 1's loads are in flight while step i's math runs.
+    Slot A[U], B[U];
+    int i = 0;
+    if (i < steps) load(A, i);
+    while (i < steps) {
+      if (i + 1 < steps) load(B, i + 1);
+      math(A, i);
+      if (++i >= steps) break;
+      if (i + 1 < steps) load(A, i + 1);
+      math(B, i);
+      ++i;
+    }
+  }
+
+  // C element e of lane (g, t): output row n0 + g (+8 for e >= 2), token 2t + (e & 1).
+  float c[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
+  if constexpr (S > 1) {
+    __shared__ float partial[R][S][4][32];  // the tile's S warp sums, added in warp order below
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[r][part][e][lane] = c[e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = 0.f;
+#pragma unroll
+      for (int q = 0; q < S; ++q) v += partial[r][q][e][lane];
+      c[e] = v;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+    if (tok < a.T && out < a.N) {
+      float v = c[e];
+      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+    }
+  }
+}
+
+}  // namespace ingot::cuda::int4gemv
