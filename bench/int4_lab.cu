@@ -82,10 +82,11 @@ Design library(bool old) {
 
 // The library's current and older paths, then the new kernel's splits around int4_design's picks.
 std::vector<Design> designs() {
-  return {library(false),           library(true),           design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
-          design<2, 2, 4, true>(),  design<4, 2, 2, false>(), design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
-          design<8, 2, 1, false>(), design<8, 2, 2, false>(), design<8, 4, 1, false>(),  design<8, 4, 1, true>(),
-          design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
+  return {library(false),            library(true),
+          design<1, 4, 4, false>(),  design<2, 4, 2, false>(),  design<2, 2, 4, true>(),  design<4, 2, 2, false>(),
+          design<4, 4, 1, false>(),  design<4, 4, 1, true>(),   design<8, 1, 1, false>(), design<8, 2, 1, false>(),
+          design<8, 2, 2, false>(),  design<8, 4, 1, false>(),  design<8, 4, 1, true>(),  design<16, 1, 1, false>(),
+          design<16, 2, 1, false>(), design<16, 4, 1, false>()};
 }
 
 struct Shape {

@@ -311,20 +311,26 @@ namespace {
 
 // The instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row tile, U loads per
 // lane and row in flight, R tiles per block, P the next step's loads issued before this step's math.
-enum class Int4Design { S4U2R2, S8U4R1, S8U4R1P };
+enum class Int4Design { S8U1R1, S8U2R1, S8U4R1, S4U4R1P };
 
-// The instance for a product of N rows of K columns. Not measured yet (bench/int4_lab.cu times these
-// and their neighbours; change the choice here once it has run). The reasoning: a 16-row tile's S
-// warps each keep 2U x 512 bytes in flight; at K = 4096 eight warps of four loads cover the row in
-// one step (every load issued before any math), 8 x 256..384 tiles give 15-23 warps per SM at
-// N = 4096..6144, ~30-60 KB in flight per SM, what HBM's latency needs; longer rows (12288, 14336)
-// take several steps, so the next step's loads are issued before this step's math; short rows
-// (1024, 2048) are one or two steps of half as many loads, two tiles a block.
+// The instance for a product of N rows of K columns (32-column pieces, K/32 per row). Not measured
+// yet: bench/int4_lab.cu times these and their neighbours; change the choice here once it has run.
+// The reasoning (H200: 132 SMs, 64K registers each; ptxas gives the U4 instances ~96 registers a
+// lane, ~160 pipelined):
+//  - Rows of up to 3072 columns (Qwen3-0.6B; the matrices are 1-6 MB, all of it in flight at once
+//    whatever the split): one step, 8 warps a tile, so as many warps as possible share the latency.
+//  - Longer rows (4096, 12288, 14336 at N = 4096..28672): 4 warps a tile of 128 threads, pipelined:
+//    ~3 blocks per SM by registers, so N = 4096..6144 (256..384 tiles) is one wave of ~12 warps per
+//    SM each keeping 8-16 KB of loads in flight (HBM's latency wants ~40+ KB per SM), and the steps
+//    of the long rows overlap their loads with the previous step's math. 8 warps a tile at 256
+//    threads would leave N = 6144 in 1.5 waves and N = 4096, K = 14336 (one 256-thread block per SM
+//    when pipelined) in 2.
 Int4Design int4_design(int N, int K) {
   (void)N;
-  if (K <= 2048) return Int4Design::S4U2R2;
-  if (K <= 8192) return Int4Design::S8U4R1;
-  return Int4Design::S8U4R1P;
+  if (K <= 1024) return Int4Design::S8U1R1;
+  if (K <= 2048) return Int4Design::S8U2R1;
+  if (K <= 3072) return Int4Design::S8U4R1;
+  return Int4Design::S4U4R1P;
 }
 
 // The new kernel serves 1..kNewTokens tokens (its MMA's 8 token columns); 9..16 keep int4_mma_kernel.
@@ -349,9 +355,10 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
 template <typename T>
 void launch_new(const int4gemv::Args& a, cudaStream_t s) {
   switch (int4_design(a.N, a.K)) {
-    case Int4Design::S4U2R2: return launch_design<T, 4, 2, 2, false>(a, s);
+    case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
+    case Int4Design::S8U2R1: return launch_design<T, 8, 2, 1, false>(a, s);
     case Int4Design::S8U4R1: return launch_design<T, 8, 4, 1, false>(a, s);
-    case Int4Design::S8U4R1P: return launch_design<T, 8, 4, 1, true>(a, s);
+    case Int4Design::S4U4R1P: return launch_design<T, 4, 4, 1, true>(a, s);
   }
 }
 
