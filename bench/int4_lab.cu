@@ -2,12 +2,14 @@
 // picks an instance of src/backend/cuda/int4_gemv_kernel.cuh by shape), the older int4_mma_kernel
 // (its own launcher), and several splits of the new kernel, timed as a decode step runs them: a CUDA
 // graph of one launch per copy over enough distinct copies of the weight that every call streams it
-// from HBM (about 320 MB of packed weights and scales per shape), programmatic dependent launch on.
+// from HBM (about 320 MB of packed weights, scales and zeros per shape), programmatic dependent launch on.
 // Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
-// one shape), 1 token (and 4 and 8 for two shapes). Every design is checked against a
+// one shape), 1 token (and 2 for one shape, 4 and 8 for two). Every design is checked against a
 // double-precision host product of the same dequantized values; a mismatch beyond what f32
 // accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
+// (for a GPU machine without our Debian packages: BINS=int4_lab scripts/gpu-build here, then
+// LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there).
 // Written for this repository (its packed layout and kernels), as bench/gemv_lab.cu is.
 // Columns: design, shape, T (tokens), G (group), us/call (one product), GB/s (packed weight + scale +
 // zero bytes per call over its time), max err (the largest |y - ref| / (|ref| + 0.1 rms(ref)) over the
@@ -102,12 +104,19 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
   // gate/up fused ([2I, H]) as the engine stores it.
   const std::vector<Shape> shapes = {
-      {"l8b.qkv", 6144, 4096, 128, 1},     {"l8b.o", 4096, 4096, 128, 1},      {"l8b.gateup", 28672, 4096, 128, 1},
-      {"l8b.down", 4096, 14336, 128, 1},   {"q8b.qkv", 6144, 4096, 128, 1},    {"q8b.o", 4096, 4096, 128, 1},
-      {"q8b.gateup", 24576, 4096, 128, 1}, {"q8b.down", 4096, 12288, 128, 1},  {"q0.6b.qkv", 4096, 1024, 128, 1},
-      {"q0.6b.o", 1024, 2048, 128, 1},     {"q0.6b.gateup", 6144, 1024, 128, 1}, {"q0.6b.down", 1024, 3072, 128, 1},
-      {"l8b.qkv", 6144, 4096, 32, 1},      {"l8b.qkv", 6144, 4096, 128, 4},    {"l8b.down", 4096, 14336, 128, 4},
-      {"l8b.qkv", 6144, 4096, 128, 8},     {"l8b.down", 4096, 14336, 128, 8},
+      // Llama-3.1-8B: q 4096 + kv 2 x 1024, o, gate/up 2 x 14336, down
+      {"l8b.qkv", 6144, 4096, 128, 1}, {"l8b.o", 4096, 4096, 128, 1},
+      {"l8b.gateup", 28672, 4096, 128, 1}, {"l8b.down", 4096, 14336, 128, 1},
+      // Qwen3-8B: q 4096 + kv 2 x 1024, o, gate/up 2 x 12288, down
+      {"q8b.qkv", 6144, 4096, 128, 1}, {"q8b.o", 4096, 4096, 128, 1},
+      {"q8b.gateup", 24576, 4096, 128, 1}, {"q8b.down", 4096, 12288, 128, 1},
+      // Qwen3-0.6B: q 2048 + kv 2 x 1024 over hidden 1024, o, gate/up 2 x 3072, down
+      {"q0.6b.qkv", 4096, 1024, 128, 1}, {"q0.6b.o", 1024, 2048, 128, 1},
+      {"q0.6b.gateup", 6144, 1024, 128, 1}, {"q0.6b.down", 1024, 3072, 128, 1},
+      // group 32; 2, 4 and 8 tokens
+      {"l8b.qkv", 6144, 4096, 32, 1}, {"l8b.qkv", 6144, 4096, 128, 2},
+      {"l8b.qkv", 6144, 4096, 128, 4}, {"l8b.down", 4096, 14336, 128, 4},
+      {"l8b.qkv", 6144, 4096, 128, 8}, {"l8b.down", 4096, 14336, 128, 8},
   };
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");

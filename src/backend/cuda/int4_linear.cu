@@ -10,13 +10,13 @@
 //    int4_design below. INGOT_CUDA_INT4_OLD=1 sends these calls to int4_mma_kernel instead.
 //  - int4_mma_kernel (f16/bf16, 9..16 tokens, and 1..8 before the kernel above): one block per 8
 //    output rows, its warps splitting K; each lane dequantizes in registers into pairs of the
-//    activation dtype, exactly
-//    round((nibble - zero) * scale) (the integer difference is exact in 16 bits, the product rounded
-//    once, as the f32 product rounded to 16 bits is), and feeds them to mma.sync m16n8k16 as the B
-//    operand (k x outputs), the tokens being the A rows (16; rows past the call are zeros), fp32
-//    accumulation. The MMA's 16 k slots need not be consecutive columns: a lane's pairs are whatever
-//    two nibbles a shift and a mask give (columns c and c+4 of a 32-bit word), and the x fragment is
-//    assembled from the same columns with byte permutes, so the weights need no re-layout.
+//    activation dtype, exactly round((nibble - zero) * scale) (the integer difference is exact in 16
+//    bits, the product rounded once, as the f32 product rounded to 16 bits is), and feeds them to
+//    mma.sync m16n8k16 as the B operand (k x outputs), the tokens being the A rows (16; rows past
+//    the call are zeros), fp32 accumulation. The MMA's 16 k slots need not be consecutive columns: a
+//    lane's pairs are whatever two nibbles a shift and a mask give (columns c and c+4 of a 32-bit
+//    word), and the x fragment is assembled from the same columns with byte permutes, so the weights
+//    need no re-layout.
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
 //    exactly in f32 ((nibble - zero) * scale, one f32 product, as the CPU reference) and f32 FMAs.
 //  - int4_dequant_kernel (wider products, act-order weights, batch-invariant mode): the weight into a
