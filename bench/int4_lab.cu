@@ -177,14 +177,14 @@ int main(int argc, char** argv) {
     ck(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "upload");
     // The reference: every 37th row (and the last), each weight round_bf16((nibble - zero) * scale)
     // as the kernels define it, products and sums in double.
-    std::vector<int> rows;
+    std::vector<int> rows;  // the checked output rows
     for (int n = 0; n < sh.N; n += 37) rows.push_back(n);
     rows.push_back(sh.N - 1);
     std::vector<double> ref(rows.size() * size_t(sh.T));  // [rows, T]
     double rms = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const int n = rows[i];
-      std::vector<double> wrow(size_t(sh.K));
+      std::vector<double> wrow(size_t(sh.K));  // [K] row n dequantized
       for (int k = 0; k < sh.K; ++k) {
         const int q = (hw[size_t(n) * (sh.K / 2) + k / 2] >> (4 * (k & 1))) & 0xf;
         const size_t gi = size_t(n) * groups + k / sh.G;
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
       ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
       ck(cudaGraphLaunch(ge, s), "replay");
       ck(cudaStreamSynchronize(s), "sync");
-      std::vector<bf16> hy(size_t(sh.T) * size_t(sh.N));
+      std::vector<bf16> hy(size_t(sh.T) * size_t(sh.N));  // [T, N]
       ck(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost), "download");
       double worst = 0;
       for (size_t i = 0; i < rows.size(); ++i)
