@@ -52,6 +52,11 @@ static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total
 // gathering them instead of resolving more digits: a thread per (block, entry) copies them.
 constexpr int kGather = kThreads / kMaxRanks;
 
+// Variants of the passes, chosen per process by environment knobs (knob_flags below) so that one
+// build A/B's them (bench/sample_lab.cu); every variant makes the same integer sums, so the same picks.
+constexpr uint32_t kWarpAgg = 1;     // histogram updates aggregated per warp: one atomic per distinct digit
+constexpr uint32_t kOneBarrier = 2;  // two sets of per-block bins used in turn: one cluster barrier per histogram
+
 struct SampleArgs {
   const void* logits;
   int64_t ld;
@@ -59,7 +64,15 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
+  uint32_t flags;  // kWarpAgg | kOneBarrier
+  // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
+  // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
+  unsigned long long* phase_ns;
 };
+
+// The second set of per-block bins (kOneBarrier) lives at the front of the dynamic shared memory, the
+// key cache after it: static shared memory is capped at 48 KiB and Shared already takes ~38 KiB.
+constexpr size_t kAltBinsBytes = size_t(kBins) * (sizeof(unsigned long long) + sizeof(unsigned int));
 
 struct Shared {
   unsigned long long weight[kBins];  // per digit: this block's summed fixed-point weight (weighted selections)
@@ -134,6 +147,12 @@ struct Row {
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
+  uint32_t flags;
+  unsigned long long* alt_weight;  // kOneBarrier: the second set of this block's bins
+  unsigned int* alt_count;
+  // kOneBarrier: which set the next histogram fills. Every thread of the row makes the same histogram
+  // calls, so every thread's copy agrees.
+  mutable int parity = 0;
 
   __device__ __forceinline__ float score(float logit, uint32_t j) const {
     return sp::score(logit, seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0, frequency,
@@ -239,6 +258,51 @@ __device__ unsigned long long row_max(const R& row, unsigned long long v, Shared
   return across(row.ranks, MaxSum{block_max(v, sh), 0ull}, sh).mx;
 }
 
+// kWarpAgg: the accumulation of histogram() below with the warp's updates combined first. Flat logits
+// put most of a row's candidates in a handful of first-digit bins, where the runs of one thread's
+// (strided, unordered) candidates are short and 1024 threads queue on the same few shared counters;
+// here the lanes holding one digit (__match_any_sync) sum their weights (two 32-bit reductions of the
+// 20-bit halves: a weight is at most 2^40, so 32 of either half fit) and one of them adds the sum.
+// Every lane of a warp takes the same number of steps (lane 0 owns the warp's lowest logit), as the
+// warp-wide intrinsics need; a lane past the vocabulary holds no digit.
+template <typename R>
+__device__ unsigned long long histogram_warp_agg(const R& row, uint64_t lo, uint64_t prefix, int top_bit, int shift,
+                                                 uint64_t digit_mask, bool weighted, float min_p, uint64_t best,
+                                                 unsigned long long* bin_weight, unsigned int* bin_count) {
+  constexpr unsigned kNone = kBins;  // not a digit
+  const unsigned lane = threadIdx.x & 31;
+  const uint32_t stride = row.ranks.stride();
+  unsigned long long cut = 0;
+  uint32_t j = row.ranks.first(threadIdx.x), slot = threadIdx.x;
+  for (uint32_t j0 = j - lane; j0 < row.vocab; j0 += stride, j += stride, slot += kThreads) {
+    unsigned d = kNone;
+    uint64_t w = 1;
+    if (j < row.vocab) {
+      const uint32_t k = row.key_at(j, slot);
+      const uint64_t c = row.candidate(k, j);
+      if (c >= lo && (c >> top_bit) == (prefix >> top_bit)) {
+        d = unsigned((c >> shift) & digit_mask);
+        if (weighted) {
+          const float wf = row.weight_of(k);
+          if (min_p > 0.0f && c != best && wf < min_p) cut = max(cut, (unsigned long long)c);
+          w = sp::fixed(wf);
+          if (w == 0) d = kNone;
+        }
+      }
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d == kNone) continue;
+    const bool leader = lane == unsigned(__ffs(peers) - 1);
+    if (weighted) {
+      const unsigned low = __reduce_add_sync(peers, unsigned(w & 0xFFFFFu));
+      const unsigned high = __reduce_add_sync(peers, unsigned(w >> 20));
+      if (leader) atomicAdd(&bin_weight[d], (unsigned long long)high << 20 | low);
+    }
+    if (leader) atomicAdd(&bin_count[d], unsigned(__popc(peers)));
+  }
+  return cut;
+}
+
 // The row's histogram of digit [shift, top_bit) of the candidates >= lo whose digits above top_bit are
 // prefix's, into out_weight/out_count (the same bins in every block of the row). Counted
 // (weighted = false): every candidate counts 1. Weighted: its fixed-point weight, and only candidates
@@ -250,13 +314,26 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
                                         bool weighted, float min_p, uint64_t best, Shared& sh,
                                         unsigned long long* out_weight, unsigned int* out_count) {
   const uint64_t digit_mask = (1ull << (top_bit - shift)) - 1;
-  sh.weight[threadIdx.x] = 0;
-  sh.count[threadIdx.x] = 0;
+  const Ranks& rk = row.ranks;
+  // kOneBarrier: the sets alternate, so a block clears the set the other blocks may still be merging
+  // from only two histograms later, past the barrier of the one between (each block merges before it
+  // arrives there).
+  const bool one_barrier = (row.flags & kOneBarrier) != 0 && rk.n > 1;
+  const bool use_alt = one_barrier && row.parity != 0;
+  if (one_barrier) row.parity ^= 1;
+  unsigned long long* const bin_weight = use_alt ? row.alt_weight : sh.weight;
+  unsigned int* const bin_count = use_alt ? row.alt_count : sh.count;
+  bin_weight[threadIdx.x] = 0;
+  bin_count[threadIdx.x] = 0;
   __syncthreads();
+  unsigned long long cut = 0;
+  if (row.flags & kWarpAgg) {
+    cut = histogram_warp_agg(row, lo, prefix, top_bit, shift, digit_mask, weighted, min_p, best, bin_weight, bin_count);
+  } else {
   // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
   // candidate on its own would serialise the threads on a handful of counters.
   int run = -1;
-  unsigned long long run_weight = 0, cut = 0;
+  unsigned long long run_weight = 0;
   unsigned int run_count = 0;
   row.for_each([&](uint32_t j, uint32_t slot) {
     const uint32_t k = row.key_at(j, slot);
@@ -273,8 +350,8 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     const int d = int((c >> shift) & digit_mask);
     if (d != run) {
       if (run >= 0) {
-        if (weighted) atomicAdd(&sh.weight[run], run_weight);  // a counted selection reads only counts
-        atomicAdd(&sh.count[run], run_count);
+        if (weighted) atomicAdd(&bin_weight[run], run_weight);  // a counted selection reads only counts
+        atomicAdd(&bin_count[run], run_count);
       }
       run = d;
       run_weight = 0;
@@ -284,13 +361,13 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     ++run_count;
   });
   if (run >= 0) {
-    if (weighted) atomicAdd(&sh.weight[run], run_weight);
-    atomicAdd(&sh.count[run], run_count);
+    if (weighted) atomicAdd(&bin_weight[run], run_weight);
+    atomicAdd(&bin_count[run], run_count);
+  }
   }
   // The row's histogram: every block sums all blocks' bins (the same sums in every block). The loads
   // of the other blocks' bins are independent: unrolled by 8 to have several in flight (by 16, ptxas
   // spilled more).
-  const Ranks& rk = row.ranks;
   rk.sync();
   {
     const int b = threadIdx.x;
@@ -299,14 +376,18 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
 #pragma unroll 8
     for (int r = 0; r < kMaxRanks; ++r) {
       if (r < rk.n) {
-        w += rk.at(sh.weight, r)[b];
-        n += rk.at(sh.count, r)[b];
+        w += rk.at(bin_weight, r)[b];
+        n += rk.at(bin_count, r)[b];
       }
     }
     out_weight[b] = w;
     out_count[b] = n;
   }
-  rk.sync();  // no block clears its bins for the next digit while another still reads them
+  // No block clears its bins for the next digit while another still reads them: a cluster barrier,
+  // or with kOneBarrier the next histogram's (see above; the kernel ends in one for the last). Either
+  // way every thread's merged bin is written before warp 0 walks them.
+  if (one_barrier) __syncthreads();
+  else rk.sync();
   return cut;
 }
 
@@ -479,11 +560,25 @@ __device__ unsigned long long bins_sum(const unsigned long long* bins, Shared& s
   return block_sum(bins[threadIdx.x], sh);
 }
 
-// Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`.
+// The phase profile (SampleArgs::phase_ns): slot i of the row is the time phase i ended, slot 0 the
+// kernel's start (after the wait for the kernel before it).
+constexpr int kPhases = 8;
+enum Phase { kStart, kTop, kTopK, kFirstHist, kTopP, kDraw, kEnd };
+__device__ __forceinline__ void mark(unsigned long long* prof, Phase i) {
+  if (prof == nullptr) return;  // the library's launches: null, one predictable branch
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  prof[i] = t;
+}
+
+// Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`. prof: the row's phase slots
+// in thread 0 of rank 0 when profiling, else null.
 template <typename R>
-__device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh) {
+__device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh,
+                        unsigned long long* prof) {
   uint64_t lo = 0;
   if (p.top_k > 0 && uint32_t(p.top_k) < row.vocab) lo = select(row, 0, uint64_t(p.top_k), false, false, sh).bound;
+  mark(prof, kTopK);
 
   // The first digit's weighted histogram of the top-k set: its bins sum to the total, and the same
   // pass finds the min-p cut (the highest candidate after the top below min_p).
@@ -501,6 +596,7 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
       mass = bins_sum(sh.first_weight, sh);
     }
   }
+  mark(prof, kFirstHist);
   if (p.top_p < 1.0f) {
     const uint64_t target = sp::top_p_target(p.top_p, total);
     if (target >= 1 && target <= mass) {
@@ -508,12 +604,14 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
       if (sel.shift < 64) mass = sel.mass;  // the prefix kept: the candidates >= max(lo, sel.bound)
     }
   }
+  mark(prof, kTopP);
   if (mass == 0) return row.id_of(best);
   const uint64_t r = sp::mulhi64(sp::random_bits(p.seed, step), mass);
   // Over all the candidates >= lo, not only top-p's prefix: r + 1 <= the prefix's mass, so the running
   // weight reaches it inside the prefix, where the two sets' running weights agree; the same token,
   // from the first-digit histogram already built.
   const Selected sel = select(row, lo, r + 1, true, true, sh);
+  mark(prof, kDraw);
   if (sel.shift >= 64) return row.id_of(best);  // not reached: r < mass
   return selected_token(row, lo, sel, sh);
 }
@@ -528,6 +626,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   const Ranks rk = Ranks::here();
   const int r = int(blockIdx.x) / rk.n;
+  unsigned long long* const prof =
+      a.phase_ns != nullptr && rk.rank == 0 && threadIdx.x == 0 ? a.phase_ns + int64_t(r) * kPhases : nullptr;
+  mark(prof, kStart);
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
@@ -537,7 +638,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
   int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
-  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
+  const size_t alt = (a.flags & kOneBarrier) ? kAltBinsBytes : 0;
+  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem + alt) : nullptr;
+  row.flags = a.flags;
+  row.alt_weight = reinterpret_cast<unsigned long long*>(dynamic_smem);
+  row.alt_count = reinterpret_cast<unsigned int*>(dynamic_smem + kBins * sizeof(unsigned long long));
   row.penalty = p.repetition_penalty;
   row.frequency = p.frequency_penalty;
   row.presence = p.presence_penalty;
@@ -574,11 +679,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     return;
   }
   best = m.mx;
+  mark(prof, kTop);
   int32_t pick = row.id_of(best);
   if (p.temperature > 0.0f) {
     row.top = row.score_at(uint32_t(pick));
-    pick = draw(row, p, step, best, sh);
+    pick = draw(row, p, step, best, sh, prof);
   }
+  // kOneBarrier: the last histogram may have ended without a cluster barrier; no block leaves (its
+  // shared memory with it) while another may still be merging its bins.
+  if ((a.flags & kOneBarrier) && rk.n > 1) rk.sync();
   // Every thread of every block is past its last read of seen and counts (each pass ends in a
   // row-wide barrier).
   if (rk.rank == 0 && threadIdx.x == 0) {
@@ -587,6 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     if (counts) ++counts[pick];
     a.st.step[sr] = step + 1;
   }
+  mark(prof, kEnd);
 }
 
 // Per dtype, once per process (its GPUs assumed alike): the most blocks a row may share, and the
@@ -605,6 +715,30 @@ bool cache_enabled() {
   return on;
 }
 
+// The variants of the passes (SampleArgs::flags), for A/B runs of the sample lab; all off by default:
+// INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier).
+uint32_t knob_flags() {
+  static const uint32_t f = [] {
+    auto on = [](const char* name) {
+      const char* e = std::getenv(name);
+      return e && e[0] == '1';
+    };
+    return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u);
+  }();
+  return f;
+}
+size_t alt_bins_bytes() { return (knob_flags() & kOneBarrier) ? kAltBinsBytes : 0; }
+
+// INGOT_CUDA_SAMPLE_RANKS=N (a power of two up to the largest cluster) fixes the blocks per row before
+// the key cache's fit is considered (plan_for), so that the lab can time other plans; 0: the default.
+int ranks_override() {
+  static const int v = [] {
+    const char* e = std::getenv("INGOT_CUDA_SAMPLE_RANKS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <typename T>
 const Limits& limits() {
   static const Limits v = [] {
@@ -615,10 +749,11 @@ const Limits& limits() {
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
     check(cudaFuncGetAttributes(&fa, sample_kernel<T, true>), "sample_kernel attributes");
-    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
-      const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
-      if (cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) ==
-          cudaSuccess)
+    const size_t alt = alt_bins_bytes();
+    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes + alt) {
+      const size_t bytes = size_t(optin) - fa.sharedSizeBytes - alt;
+      if (cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(bytes + alt)) == cudaSuccess)
         l.cache_bytes = bytes;
       else
         cudaGetLastError();  // refused: the passes recompute, as without a cache
@@ -635,7 +770,7 @@ const Limits& limits() {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(c));
       cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = l.cache_bytes;
+      cfg.dynamicSmemBytes = l.cache_bytes + alt;
       cudaLaunchAttribute at[1];
       at[0].id = cudaLaunchAttributeClusterDimension;
       at[0].val.clusterDim.x = unsigned(c);
@@ -677,7 +812,10 @@ Plan plan_for(int64_t rows, int64_t vocab) {
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const Limits& l = limits<T>();
   int c = l.max_ranks;
-  while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
+  if (ranks_override() > 0)
+    while (c > 1 && c > ranks_override()) c /= 2;
+  else
+    while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
   for (int w = c; w <= l.max_ranks; w *= 2)
     if (cache_bytes_for(vocab, w) <= l.cache_bytes) return {w, cache_bytes_for(vocab, w)};
   return {c, 0};
@@ -685,7 +823,8 @@ Plan plan_for(int64_t rows, int64_t vocab) {
 
 }  // namespace
 
-void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s) {
+void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s,
+                   unsigned long long* phase_ns) {
   if (logits.rows == 0) return;
   if (!st.params || !st.step) throw Error("cuda backend: sample needs the per-row settings and draw counters");
   if (logits.cols < 1 || logits.cols > INT32_MAX)
@@ -694,7 +833,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
   if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
   uint32_t id_bits = 1;  // the bit width of the vocabulary size, so that every id is below the id mask
   while (id_bits < 31 && (uint64_t(1) << id_bits) <= uint64_t(logits.cols)) ++id_bits;
-  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out};
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, knob_flags(), phase_ns};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const Plan plan = plan_for<T>(logits.rows, logits.cols);
@@ -702,7 +841,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = plan.cache_bytes;
+    cfg.dynamicSmemBytes = plan.cache_bytes + alt_bins_bytes();
     cfg.stream = s;
     cudaLaunchAttribute at[2];
     int n = 0;
