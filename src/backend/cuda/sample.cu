@@ -51,11 +51,15 @@ static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total
 // A selection whose bucket holds at most this many candidates (of nonzero weight, when weighted) ends by
 // gathering them instead of resolving more digits: a thread per (block, entry) copies them.
 constexpr int kGather = kThreads / kMaxRanks;
+// kBigGather: gathers buckets of up to this many. With 16-bit logits the bulk's scores tie in runs of
+// ~50-200 candidates, which kGather sends down the ids' digits (two more histograms each).
+constexpr int kGatherBig = 256;
 
 // Variants of the passes, chosen per process by environment knobs (knob_flags below) so that one
 // build A/B's them (bench/sample_lab.cu); every variant makes the same integer sums, so the same picks.
 constexpr uint32_t kWarpAgg = 1;     // histogram updates aggregated per warp: one atomic per distinct digit
 constexpr uint32_t kOneBarrier = 2;  // two sets of per-block bins used in turn: one cluster barrier per histogram
+constexpr uint32_t kBigGather = 4;   // buckets of up to kGatherBig candidates gathered, not kGather
 
 struct SampleArgs {
   const void* logits;
@@ -64,7 +68,7 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
-  uint32_t flags;  // kWarpAgg | kOneBarrier
+  uint32_t flags;  // kWarpAgg | kOneBarrier | kBigGather
   // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
   // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
   unsigned long long* phase_ns;
@@ -87,8 +91,8 @@ struct Shared {
   int pick_digit;
   int found;
   // A small bucket gathered: this block's members, then the row's (same contents in every block).
-  unsigned long long own_c[kGather], own_w[kGather];
-  unsigned long long all_c[kGather], all_w[kGather];
+  unsigned long long own_c[kGatherBig], own_w[kGatherBig];
+  unsigned long long all_c[kGatherBig], all_w[kGatherBig];
   unsigned int own_n, gather_total;
   unsigned int gather_n[kMaxRanks], gather_off[kMaxRanks];
   unsigned long long pick_c, pick_mass;
@@ -398,8 +402,8 @@ struct Selected {
 };
 
 // Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
-// selection those of nonzero weight) holds n <= kGather of them, rather than resolving its remaining
-// digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
+// selection those of nonzero weight) holds n <= gmax (kGather, or kGatherBig) of them, rather than
+// resolving its remaining digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
 // would go down to the ids' last digit). Every block gathers its members, copies all blocks' lists and
 // finds the one at which the running count or weight within the bucket, from its highest, reaches
 // rest (1 <= rest <= the bucket's count or weight): the same candidate in every block. `above` is
@@ -407,7 +411,7 @@ struct Selected {
 // found not be the n counted (never expected: the caller then resolves digits as before).
 template <typename R>
 __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
-                       unsigned int n, bool weighted, Shared& sh, Selected& out) {
+                       unsigned int n, bool weighted, unsigned int gmax, Shared& sh, Selected& out) {
   if (threadIdx.x == 0) sh.own_n = 0;
   __syncthreads();
   row.for_each([&](uint32_t j, uint32_t slot) {
@@ -420,7 +424,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
       if (w == 0) return;
     }
     const unsigned int i = atomicAdd(&sh.own_n, 1u);
-    if (i < unsigned(kGather)) {
+    if (i < gmax) {
       sh.own_c[i] = c;
       sh.own_w[i] = w;
     }
@@ -430,7 +434,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
   // Warp 0: each block's count (clamped to its list) and where its entries go in the row's list.
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), unsigned(kGather)) : 0u;
+    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), gmax) : 0u;
     unsigned int incl = mine;
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -443,10 +447,12 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
     if (lane == 31) sh.gather_total = incl;
   }
   __syncthreads();
-  {
-    const int r = int(threadIdx.x) / kGather, i = int(threadIdx.x) % kGather;
-    if (r < rk.n && unsigned(i) < sh.gather_n[r] && sh.gather_total <= unsigned(kGather)) {
-      const unsigned int at = sh.gather_off[r] + unsigned(i);
+  // A thread per (block, entry): one pass for kGather, four for kGatherBig.
+  for (unsigned int t = threadIdx.x; t < unsigned(kMaxRanks) * gmax; t += kThreads) {
+    const int r = int(t / gmax);
+    const unsigned int i = t % gmax;
+    if (r < rk.n && i < sh.gather_n[r] && sh.gather_total <= gmax) {
+      const unsigned int at = sh.gather_off[r] + i;
       sh.all_c[at] = rk.at(sh.own_c, r)[i];
       sh.all_w[at] = rk.at(sh.own_w, r)[i];
     }
@@ -531,7 +537,8 @@ __device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weig
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
     Selected small;
-    if (bucket_count <= unsigned(kGather) && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, sh, small))
+    const unsigned int gmax = (row.flags & kBigGather) ? unsigned(kGatherBig) : unsigned(kGather);
+    if (bucket_count <= gmax && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, gmax, sh, small))
       return small;
     top_bit = shift;
   }
@@ -716,14 +723,16 @@ bool cache_enabled() {
 }
 
 // The variants of the passes (SampleArgs::flags), for A/B runs of the sample lab; all off by default:
-// INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier).
+// INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier),
+// INGOT_CUDA_SAMPLE_GATHER=1 (kBigGather).
 uint32_t knob_flags() {
   static const uint32_t f = [] {
     auto on = [](const char* name) {
       const char* e = std::getenv(name);
       return e && e[0] == '1';
     };
-    return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u);
+    return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u) |
+           (on("INGOT_CUDA_SAMPLE_GATHER") ? kBigGather : 0u);
   }();
   return f;
 }
@@ -758,6 +767,11 @@ const Limits& limits() {
       else
         cudaGetLastError();  // refused: the passes recompute, as without a cache
     }
+    // kOneBarrier: the uncached kernel's dynamic shared memory is the second set of bins alone, above
+    // the default allowance once Shared is past 36 KiB.
+    if (alt > 0)
+      check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(alt)),
+            "sample_kernel shared memory");
     if (major < 9) return l;
     check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
