@@ -252,7 +252,7 @@ int child(const char* variant) {
 
 struct Variant {
   const char* name;
-  const char* env;  // the knobs, as a shell prefix
+  std::string env;  // the knobs, as assignments for env(1)
 };
 
 }  // namespace
@@ -261,17 +261,21 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--child") == 0) return child(argv[2]);
   // Each knob alone, then together, then other blocks-per-row plans (for rows 64: 4 by default), then
   // without the key cache. Variant names on the command line run just those.
+  const std::string agg = "INGOT_CUDA_SAMPLE_WARPAGG=1 ", one = "INGOT_CUDA_SAMPLE_ONEBARRIER=1 ",
+                    gath = "INGOT_CUDA_SAMPLE_GATHER=1 ", scat = "INGOT_CUDA_SAMPLE_SCATTER=1 ";
   const std::vector<Variant> variants = {
       {"default", ""},
-      {"warpagg", "INGOT_CUDA_SAMPLE_WARPAGG=1"},
-      {"onebarrier", "INGOT_CUDA_SAMPLE_ONEBARRIER=1"},
-      {"gather", "INGOT_CUDA_SAMPLE_GATHER=1"},
-      {"all", "INGOT_CUDA_SAMPLE_WARPAGG=1 INGOT_CUDA_SAMPLE_ONEBARRIER=1 INGOT_CUDA_SAMPLE_GATHER=1"},
-      {"all,ranks8", "INGOT_CUDA_SAMPLE_WARPAGG=1 INGOT_CUDA_SAMPLE_ONEBARRIER=1 INGOT_CUDA_SAMPLE_GATHER=1 INGOT_CUDA_SAMPLE_RANKS=8"},
-      {"all,ranks16", "INGOT_CUDA_SAMPLE_WARPAGG=1 INGOT_CUDA_SAMPLE_ONEBARRIER=1 INGOT_CUDA_SAMPLE_GATHER=1 INGOT_CUDA_SAMPLE_RANKS=16"},
+      {"warpagg", agg},
+      {"onebarrier", one},
+      {"gather", gath},
+      {"scatter", scat},
+      {"all", agg + one + gath},
+      {"agg,gath,scat", agg + gath + scat},
+      {"all,ranks8", agg + one + gath + "INGOT_CUDA_SAMPLE_RANKS=8"},
+      {"all,ranks16", agg + one + gath + "INGOT_CUDA_SAMPLE_RANKS=16"},
       // The passes recomputing keys from the logits (what a vocabulary too big for the cache gets): the
       // knobs' picks on that path too.
-      {"all,nocache", "INGOT_CUDA_SAMPLE_WARPAGG=1 INGOT_CUDA_SAMPLE_ONEBARRIER=1 INGOT_CUDA_SAMPLE_GATHER=1 INGOT_CUDA_SAMPLE_CACHE=0"},
+      {"all,nocache", agg + one + gath + "INGOT_CUDA_SAMPLE_CACHE=0"},
   };
   std::vector<Variant> run;
   for (const Variant& v : variants) {
@@ -283,7 +287,8 @@ int main(int argc, char** argv) {
   std::map<std::string, std::map<std::string, double>> us;
   for (const Variant& v : run) {
     // The knobs reach the library only through the environment, read once per process.
-    const std::string cmd = std::string("env ") + v.env + " '/proc/" + std::to_string(getpid()) + "/exe' --child " + v.name;
+    const std::string self = "/proc/" + std::to_string(getpid()) + "/exe";
+    const std::string cmd = "env " + v.env + " '" + self + "' --child " + v.name;
     FILE* f = popen(cmd.c_str(), "r");
     if (!f) {
       std::perror("popen");

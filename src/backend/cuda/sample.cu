@@ -60,6 +60,7 @@ constexpr int kGatherBig = 256;
 constexpr uint32_t kWarpAgg = 1;     // histogram updates aggregated per warp: one atomic per distinct digit
 constexpr uint32_t kOneBarrier = 2;  // two sets of per-block bins used in turn: one cluster barrier per histogram
 constexpr uint32_t kBigGather = 4;   // buckets of up to kGatherBig candidates gathered, not kGather
+constexpr uint32_t kScatter = 8;     // histograms merged by slices: 2 remote reads per thread, not 2 per block
 
 struct SampleArgs {
   const void* logits;
@@ -68,14 +69,15 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
-  uint32_t flags;  // kWarpAgg | kOneBarrier | kBigGather
+  uint32_t flags;  // kWarpAgg | kOneBarrier | kBigGather | kScatter
   // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
   // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
   unsigned long long* phase_ns;
 };
 
-// The second set of per-block bins (kOneBarrier) lives at the front of the dynamic shared memory, the
-// key cache after it: static shared memory is capped at 48 KiB and Shared already takes ~38 KiB.
+// The second set of per-block bins (kOneBarrier; with kScatter, the block's merged slice) lives at the
+// front of the dynamic shared memory, the key cache after it: static shared memory is capped at 48 KiB
+// and Shared already takes ~44 KiB.
 constexpr size_t kAltBinsBytes = size_t(kBins) * (sizeof(unsigned long long) + sizeof(unsigned int));
 
 struct Shared {
@@ -139,8 +141,10 @@ __device__ __forceinline__ float score_of_key(uint32_t k) {
 }
 
 // One row as every pass sees it; kCache: keys come from the block's key cache (a template argument, so
-// that the cached passes carry none of the recomputation's registers).
-template <typename T, bool kCache>
+// that the cached passes carry none of the recomputation's registers). kKnobs: the variants of
+// knob_flags() are compiled in (without it flags() is 0 at compile time, so the library's default
+// kernel carries none of their code or registers).
+template <typename T, bool kCache, bool kKnobs>
 struct Row {
   const T* logits;
   const uint8_t* seen;    // null when no penalty applies
@@ -151,8 +155,9 @@ struct Row {
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
-  uint32_t flags;
-  unsigned long long* alt_weight;  // kOneBarrier: the second set of this block's bins
+  uint32_t flags_;
+  __device__ __forceinline__ uint32_t flags() const { return kKnobs ? flags_ : 0u; }
+  unsigned long long* alt_weight;  // kOneBarrier: the second set of this block's bins; kScatter: its slice
   unsigned int* alt_count;
   // kOneBarrier: which set the next histogram fills. Every thread of the row makes the same histogram
   // calls, so every thread's copy agrees.
@@ -322,7 +327,8 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
   // kOneBarrier: the sets alternate, so a block clears the set the other blocks may still be merging
   // from only two histograms later, past the barrier of the one between (each block merges before it
   // arrives there).
-  const bool one_barrier = (row.flags & kOneBarrier) != 0 && rk.n > 1;
+  const bool scatter = (row.flags() & kScatter) != 0 && rk.n > 1;
+  const bool one_barrier = (row.flags() & kOneBarrier) != 0 && !scatter && rk.n > 1;
   const bool use_alt = one_barrier && row.parity != 0;
   if (one_barrier) row.parity ^= 1;
   unsigned long long* const bin_weight = use_alt ? row.alt_weight : sh.weight;
@@ -331,7 +337,7 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
   bin_count[threadIdx.x] = 0;
   __syncthreads();
   unsigned long long cut = 0;
-  if (row.flags & kWarpAgg) {
+  if (row.flags() & kWarpAgg) {
     cut = histogram_warp_agg(row, lo, prefix, top_bit, shift, digit_mask, weighted, min_p, best, bin_weight, bin_count);
   } else {
   // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
@@ -369,10 +375,38 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     atomicAdd(&bin_count[run], run_count);
   }
   }
+  rk.sync();
+  if (scatter) {
+    // Block r sums slice r of the bins over all blocks (thread t: bin i of block q's, staged in out),
+    // publishes it, and every block then reads the n slices: 2 remote reads per thread in all. Two
+    // barriers as below, none after: a block clears its bins only in the next histogram, after the
+    // barrier that follows every block's reads of them; it rewrites its slice only past the next
+    // histogram's first barrier, which every block reaches after reading it; the kernel ends in a
+    // barrier for the last.
+    const unsigned slice = unsigned(kBins / rk.n);  // n is a power of two
+    const unsigned t = threadIdx.x, q = t / slice, i = t % slice;
+    out_weight[t] = rk.at(bin_weight, int(q))[unsigned(rk.rank) * slice + i];
+    out_count[t] = rk.at(bin_count, int(q))[unsigned(rk.rank) * slice + i];
+    __syncthreads();
+    if (t < slice) {
+      unsigned long long w = 0;
+      unsigned int n = 0;
+      for (int r = 0; r < rk.n; ++r) {
+        w += out_weight[unsigned(r) * slice + t];
+        n += out_count[unsigned(r) * slice + t];
+      }
+      row.alt_weight[t] = w;
+      row.alt_count[t] = n;
+    }
+    rk.sync();
+    out_weight[t] = rk.at(row.alt_weight, int(q))[i];
+    out_count[t] = rk.at(row.alt_count, int(q))[i];
+    __syncthreads();  // every merged bin written before warp 0 walks them
+    return cut;
+  }
   // The row's histogram: every block sums all blocks' bins (the same sums in every block). The loads
   // of the other blocks' bins are independent: unrolled by 8 to have several in flight (by 16, ptxas
   // spilled more).
-  rk.sync();
   {
     const int b = threadIdx.x;
     unsigned long long w = 0;
@@ -403,12 +437,13 @@ struct Selected {
 
 // Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
 // selection those of nonzero weight) holds n <= gmax (kGather, or kGatherBig) of them, rather than
-// resolving its remaining digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
-// would go down to the ids' last digit). Every block gathers its members, copies all blocks' lists and
-// finds the one at which the running count or weight within the bucket, from its highest, reaches
-// rest (1 <= rest <= the bucket's count or weight): the same candidate in every block. `above` is
-// what the candidates above the bucket weigh. Returns false, changing nothing, should the members
-// found not be the n counted (never expected: the caller then resolves digits as before).
+// resolving its remaining digits one pass and two cluster barriers each (a bucket of equal scores,
+// common with 16-bit logits, would go down to the ids' last digit). Every block gathers its members,
+// copies all blocks' lists and finds the one at which the running count or weight within the bucket,
+// from its highest, reaches rest (1 <= rest <= the bucket's count or weight): the same candidate in
+// every block. `above` is what the candidates above the bucket weigh. Returns false, changing nothing,
+// should the members found not be the n counted (never expected: the caller then resolves digits as
+// before).
 template <typename R>
 __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
                        unsigned int n, bool weighted, unsigned int gmax, Shared& sh, Selected& out) {
@@ -537,7 +572,7 @@ __device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weig
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
     Selected small;
-    const unsigned int gmax = (row.flags & kBigGather) ? unsigned(kGatherBig) : unsigned(kGather);
+    const unsigned int gmax = (row.flags() & kBigGather) ? unsigned(kGatherBig) : unsigned(kGather);
     if (bucket_count <= gmax && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, gmax, sh, small))
       return small;
     top_bit = shift;
@@ -625,7 +660,7 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
 
 // kCache: the launch gave each block a key cache of a slot per logit it owns (dynamic shared memory).
 // 1 block per SM is stated so that ptxas may use 64 registers (it otherwise kept to 32 and spilled).
-template <typename T, bool kCache>
+template <typename T, bool kCache, bool kKnobs>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   pdl_wait();
   pdl_trigger();
@@ -640,14 +675,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
   uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
-  Row<T, kCache> row;
+  Row<T, kCache, kKnobs> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
   int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
-  const size_t alt = (a.flags & kOneBarrier) ? kAltBinsBytes : 0;
+  const uint32_t flags = kKnobs ? a.flags : 0u;
+  const size_t alt = (flags & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0;
   row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem + alt) : nullptr;
-  row.flags = a.flags;
+  row.flags_ = flags;
   row.alt_weight = reinterpret_cast<unsigned long long*>(dynamic_smem);
   row.alt_count = reinterpret_cast<unsigned int*>(dynamic_smem + kBins * sizeof(unsigned long long));
   row.penalty = p.repetition_penalty;
@@ -692,9 +728,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     row.top = row.score_at(uint32_t(pick));
     pick = draw(row, p, step, best, sh, prof);
   }
-  // kOneBarrier: the last histogram may have ended without a cluster barrier; no block leaves (its
-  // shared memory with it) while another may still be merging its bins.
-  if ((a.flags & kOneBarrier) && rk.n > 1) rk.sync();
+  // kOneBarrier, kScatter: the last histogram may have ended without a cluster barrier; no block leaves
+  // (its shared memory with it) while another may still be merging its bins.
+  if ((flags & (kOneBarrier | kScatter)) && rk.n > 1) rk.sync();
   // Every thread of every block is past its last read of seen and counts (each pass ends in a
   // row-wide barrier).
   if (rk.rank == 0 && threadIdx.x == 0) {
@@ -724,7 +760,7 @@ bool cache_enabled() {
 
 // The variants of the passes (SampleArgs::flags), for A/B runs of the sample lab; all off by default:
 // INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier),
-// INGOT_CUDA_SAMPLE_GATHER=1 (kBigGather).
+// INGOT_CUDA_SAMPLE_GATHER=1 (kBigGather), INGOT_CUDA_SAMPLE_SCATTER=1 (kScatter; over kOneBarrier).
 uint32_t knob_flags() {
   static const uint32_t f = [] {
     auto on = [](const char* name) {
@@ -732,11 +768,19 @@ uint32_t knob_flags() {
       return e && e[0] == '1';
     };
     return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u) |
-           (on("INGOT_CUDA_SAMPLE_GATHER") ? kBigGather : 0u);
+           (on("INGOT_CUDA_SAMPLE_GATHER") ? kBigGather : 0u) | (on("INGOT_CUDA_SAMPLE_SCATTER") ? kScatter : 0u);
   }();
   return f;
 }
-size_t alt_bins_bytes() { return (knob_flags() & kOneBarrier) ? kAltBinsBytes : 0; }
+size_t alt_bins_bytes() { return (knob_flags() & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0; }
+
+// The kernel a launch takes: with the key cache or not; with the variants compiled in only when a knob
+// is on.
+template <typename T>
+void (*kernel_for(bool cache))(SampleArgs) {
+  if (knob_flags() != 0) return cache ? sample_kernel<T, true, true> : sample_kernel<T, false, true>;
+  return cache ? sample_kernel<T, true, false> : sample_kernel<T, false, false>;
+}
 
 // INGOT_CUDA_SAMPLE_RANKS=N (a power of two up to the largest cluster) fixes the blocks per row before
 // the key cache's fit is considered (plan_for), so that the lab can time other plans; 0: the default.
@@ -757,25 +801,25 @@ const Limits& limits() {
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, sample_kernel<T, true>), "sample_kernel attributes");
+    check(cudaFuncGetAttributes(&fa, kernel_for<T>(true)), "sample_kernel attributes");
     const size_t alt = alt_bins_bytes();
     if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes + alt) {
       const size_t bytes = size_t(optin) - fa.sharedSizeBytes - alt;
-      if (cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      if (cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(bytes + alt)) == cudaSuccess)
         l.cache_bytes = bytes;
       else
         cudaGetLastError();  // refused: the passes recompute, as without a cache
     }
-    // kOneBarrier: the uncached kernel's dynamic shared memory is the second set of bins alone, above
-    // the default allowance once Shared is past 36 KiB.
+    // kOneBarrier, kScatter: the uncached kernel's dynamic shared memory is the second set of bins
+    // alone, above the default allowance once Shared is past 36 KiB.
     if (alt > 0)
-      check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(alt)),
+      check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeMaxDynamicSharedMemorySize, int(alt)),
             "sample_kernel shared memory");
     if (major < 9) return l;
-    check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+    check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
-    check(cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+    check(cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
     // Asked of the cached kernel with the largest cache a launch may take (a cluster resident so is
     // resident without it); 64 registers per thread already leave one 1024-thread block per SM, so the
@@ -792,7 +836,7 @@ const Limits& limits() {
       cfg.attrs = at;
       cfg.numAttrs = 1;
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel<T, true>, &cfg) == cudaSuccess && n > 0) {
+      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(true), &cfg) == cudaSuccess && n > 0) {
         l.max_ranks = c;
         return l;
       }
@@ -873,9 +917,9 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     cfg.attrs = at;
     cfg.numAttrs = unsigned(n);
     if (plan.cache_bytes > 0)
-      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, true>, a), "sample_kernel");
+      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(true), a), "sample_kernel");
     else
-      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, false>, a), "sample_kernel");
+      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(false), a), "sample_kernel");
   });
 }
 
