@@ -305,7 +305,7 @@ __device__ unsigned long long histogram_warp_agg(const R& row, uint64_t lo, uint
     if (weighted) {
       const unsigned low = __reduce_add_sync(peers, unsigned(w & 0xFFFFFu));
       const unsigned high = __reduce_add_sync(peers, unsigned(w >> 20));
-      if (leader) atomicAdd(&bin_weight[d], (unsigned long long)high << 20 | low);
+      if (leader) atomicAdd(&bin_weight[d], ((unsigned long long)high << 20) + low);
     }
     if (leader) atomicAdd(&bin_count[d], unsigned(__popc(peers)));
   }
@@ -836,7 +836,8 @@ const Limits& limits() {
       cfg.attrs = at;
       cfg.numAttrs = 1;
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(true), &cfg) == cudaSuccess && n > 0) {
+      // (Without a cache, the uncached kernel: only it is allowed the knobs' dynamic bins then.)
+      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0), &cfg) == cudaSuccess && n > 0) {
         l.max_ranks = c;
         return l;
       }
