@@ -7,11 +7,16 @@
 // CPU reference (sampling::sample_row, argmax_row); a mismatch fails the run. Hand-written: it drives
 // the library's own launcher and its variants, which no benchmark library knows about.
 //
-//   cmake --build build-gpu/tree --target sample_lab && build-gpu/tree/sample_lab
+//   cmake --build build-gpu/tree --target sample_lab && build-gpu/tree/sample_lab [VARIANT...]
+//   (or BINS="sample_lab test_cuda_ops" scripts/gpu-build here, then on the GPU machine
+//   LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/sample_lab)
 //
-// The variants of sample.cu are environment knobs read once per process, so the lab re-runs itself
-// (--child) once per knob set and prints, per variant, the phase profile (mean ns per phase of a row's
-// rank-0 block: SampleArgs::phase_ns), then one table of µs per call, variants side by side, last.
+// The variants of sample.cu are environment knobs read once per process (docs/cuda-backend.md, "The
+// sample lab"), so the lab re-runs itself (--child) once per knob set (all of main's list, or the ones
+// named) and prints, per variant, the phase profile (mean ns per phase of a row's rank-0 block, from
+// SampleArgs::phase_ns: the top pass, top-k, the first weighted histogram with min-p, top-p, the draw,
+// the rest to the kernel's end; a phase a setting skips shows ~0), then one table of µs per call,
+// variants side by side, last. A pick that differs from the CPU's stops the run with MISMATCH.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -299,6 +299,9 @@ __device__ unsigned long long histogram_warp_agg(const R& row, uint64_t lo, uint
         }
       }
     }
+    // Past the first digit most steps hold no member of the bucket in any lane: a vote skips them
+    // without the costlier match.
+    if (__ballot_sync(0xffffffffu, d != kNone) == 0) continue;
     const unsigned peers = __match_any_sync(0xffffffffu, d);
     if (d == kNone) continue;
     const bool leader = lane == unsigned(__ffs(peers) - 1);
