@@ -127,8 +127,10 @@ void launch_sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out, cudaStre
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
 void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
-// The sample op (sample.cu): one block per row, state in st's buffers, no scratch.
-void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s);
+// The sample op (sample.cu): a cluster of blocks per row, state in st's buffers, no scratch. phase_ns:
+// null but in bench/sample_lab.cu, [rows, 8] device timestamps of each row's phases (sample.cu, Phase).
+void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s,
+                   unsigned long long* phase_ns = nullptr);
 // The logprobs op (logprobs.cu): one block per row, no scratch.
 void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
                      float* top_lp, cudaStream_t s);

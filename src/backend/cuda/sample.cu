@@ -51,6 +51,16 @@ static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total
 // A selection whose bucket holds at most this many candidates (of nonzero weight, when weighted) ends by
 // gathering them instead of resolving more digits: a thread per (block, entry) copies them.
 constexpr int kGather = kThreads / kMaxRanks;
+// kBigGather: gathers buckets of up to this many. With 16-bit logits the bulk's scores tie in runs of
+// ~50-200 candidates, which kGather sends down the ids' digits (two more histograms each).
+constexpr int kGatherBig = 256;
+
+// Variants of the passes, chosen per process by environment knobs (knob_flags below) so that one
+// build A/B's them (bench/sample_lab.cu); every variant makes the same integer sums, so the same picks.
+constexpr uint32_t kWarpAgg = 1;     // histogram updates aggregated per warp: one atomic per distinct digit
+constexpr uint32_t kOneBarrier = 2;  // two sets of per-block bins used in turn: one cluster barrier per histogram
+constexpr uint32_t kBigGather = 4;   // buckets of up to kGatherBig candidates gathered, not kGather
+constexpr uint32_t kScatter = 8;     // histograms merged by slices: 2 remote reads per thread, not 2 per block
 
 struct SampleArgs {
   const void* logits;
@@ -59,7 +69,16 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
+  uint32_t flags;  // kWarpAgg | kOneBarrier | kBigGather | kScatter
+  // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
+  // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
+  unsigned long long* phase_ns;
 };
+
+// The second set of per-block bins (kOneBarrier; with kScatter, the block's merged slice) lives at the
+// front of the dynamic shared memory, the key cache after it: static shared memory is capped at 48 KiB
+// and Shared already takes ~44 KiB.
+constexpr size_t kAltBinsBytes = size_t(kBins) * (sizeof(unsigned long long) + sizeof(unsigned int));
 
 struct Shared {
   unsigned long long weight[kBins];  // per digit: this block's summed fixed-point weight (weighted selections)
@@ -74,8 +93,8 @@ struct Shared {
   int pick_digit;
   int found;
   // A small bucket gathered: this block's members, then the row's (same contents in every block).
-  unsigned long long own_c[kGather], own_w[kGather];
-  unsigned long long all_c[kGather], all_w[kGather];
+  unsigned long long own_c[kGatherBig], own_w[kGatherBig];
+  unsigned long long all_c[kGatherBig], all_w[kGatherBig];
   unsigned int own_n, gather_total;
   unsigned int gather_n[kMaxRanks], gather_off[kMaxRanks];
   unsigned long long pick_c, pick_mass;
@@ -122,8 +141,10 @@ __device__ __forceinline__ float score_of_key(uint32_t k) {
 }
 
 // One row as every pass sees it; kCache: keys come from the block's key cache (a template argument, so
-// that the cached passes carry none of the recomputation's registers).
-template <typename T, bool kCache>
+// that the cached passes carry none of the recomputation's registers). kKnobs: the variants of
+// knob_flags() are compiled in (without it flags() is 0 at compile time, so the library's default
+// kernel carries none of their code or registers).
+template <typename T, bool kCache, bool kKnobs>
 struct Row {
   const T* logits;
   const uint8_t* seen;    // null when no penalty applies
@@ -134,6 +155,13 @@ struct Row {
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
+  uint32_t flags_;
+  __device__ __forceinline__ uint32_t flags() const { return kKnobs ? flags_ : 0u; }
+  unsigned long long* alt_weight;  // kOneBarrier: the second set of this block's bins; kScatter: its slice
+  unsigned int* alt_count;
+  // kOneBarrier: which set the next histogram fills. Every thread of the row makes the same histogram
+  // calls, so every thread's copy agrees.
+  mutable int parity = 0;
 
   __device__ __forceinline__ float score(float logit, uint32_t j) const {
     return sp::score(logit, seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0, frequency,
@@ -239,6 +267,54 @@ __device__ unsigned long long row_max(const R& row, unsigned long long v, Shared
   return across(row.ranks, MaxSum{block_max(v, sh), 0ull}, sh).mx;
 }
 
+// kWarpAgg: the accumulation of histogram() below with the warp's updates combined first. Flat logits
+// put most of a row's candidates in a handful of first-digit bins, where the runs of one thread's
+// (strided, unordered) candidates are short and 1024 threads queue on the same few shared counters;
+// here the lanes holding one digit (__match_any_sync) sum their weights (two 32-bit reductions of the
+// 20-bit halves: a weight is at most 2^40, so 32 of either half fit) and one of them adds the sum.
+// Every lane of a warp takes the same number of steps (lane 0 owns the warp's lowest logit), as the
+// warp-wide intrinsics need; a lane past the vocabulary holds no digit.
+template <typename R>
+__device__ unsigned long long histogram_warp_agg(const R& row, uint64_t lo, uint64_t prefix, int top_bit, int shift,
+                                                 uint64_t digit_mask, bool weighted, float min_p, uint64_t best,
+                                                 unsigned long long* bin_weight, unsigned int* bin_count) {
+  constexpr unsigned kNone = kBins;  // not a digit
+  const unsigned lane = threadIdx.x & 31;
+  const uint32_t stride = row.ranks.stride();
+  unsigned long long cut = 0;
+  uint32_t j = row.ranks.first(threadIdx.x), slot = threadIdx.x;
+  for (uint32_t j0 = j - lane; j0 < row.vocab; j0 += stride, j += stride, slot += kThreads) {
+    unsigned d = kNone;
+    uint64_t w = 1;
+    if (j < row.vocab) {
+      const uint32_t k = row.key_at(j, slot);
+      const uint64_t c = row.candidate(k, j);
+      if (c >= lo && (c >> top_bit) == (prefix >> top_bit)) {
+        d = unsigned((c >> shift) & digit_mask);
+        if (weighted) {
+          const float wf = row.weight_of(k);
+          if (min_p > 0.0f && c != best && wf < min_p) cut = max(cut, (unsigned long long)c);
+          w = sp::fixed(wf);
+          if (w == 0) d = kNone;
+        }
+      }
+    }
+    // Past the first digit most steps hold no member of the bucket in any lane: a vote skips them
+    // without the costlier match.
+    if (__ballot_sync(0xffffffffu, d != kNone) == 0) continue;
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    if (d == kNone) continue;
+    const bool leader = lane == unsigned(__ffs(peers) - 1);
+    if (weighted) {
+      const unsigned low = __reduce_add_sync(peers, unsigned(w & 0xFFFFFu));
+      const unsigned high = __reduce_add_sync(peers, unsigned(w >> 20));
+      if (leader) atomicAdd(&bin_weight[d], ((unsigned long long)high << 20) + low);
+    }
+    if (leader) atomicAdd(&bin_count[d], unsigned(__popc(peers)));
+  }
+  return cut;
+}
+
 // The row's histogram of digit [shift, top_bit) of the candidates >= lo whose digits above top_bit are
 // prefix's, into out_weight/out_count (the same bins in every block of the row). Counted
 // (weighted = false): every candidate counts 1. Weighted: its fixed-point weight, and only candidates
@@ -250,13 +326,27 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
                                         bool weighted, float min_p, uint64_t best, Shared& sh,
                                         unsigned long long* out_weight, unsigned int* out_count) {
   const uint64_t digit_mask = (1ull << (top_bit - shift)) - 1;
-  sh.weight[threadIdx.x] = 0;
-  sh.count[threadIdx.x] = 0;
+  const Ranks& rk = row.ranks;
+  // kOneBarrier: the sets alternate, so a block clears the set the other blocks may still be merging
+  // from only two histograms later, past the barrier of the one between (each block merges before it
+  // arrives there).
+  const bool scatter = (row.flags() & kScatter) != 0 && rk.n > 1;
+  const bool one_barrier = (row.flags() & kOneBarrier) != 0 && !scatter && rk.n > 1;
+  const bool use_alt = one_barrier && row.parity != 0;
+  if (one_barrier) row.parity ^= 1;
+  unsigned long long* const bin_weight = use_alt ? row.alt_weight : sh.weight;
+  unsigned int* const bin_count = use_alt ? row.alt_count : sh.count;
+  bin_weight[threadIdx.x] = 0;
+  bin_count[threadIdx.x] = 0;
   __syncthreads();
+  unsigned long long cut = 0;
+  if (row.flags() & kWarpAgg) {
+    cut = histogram_warp_agg(row, lo, prefix, top_bit, shift, digit_mask, weighted, min_p, best, bin_weight, bin_count);
+  } else {
   // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
   // candidate on its own would serialise the threads on a handful of counters.
   int run = -1;
-  unsigned long long run_weight = 0, cut = 0;
+  unsigned long long run_weight = 0;
   unsigned int run_count = 0;
   row.for_each([&](uint32_t j, uint32_t slot) {
     const uint32_t k = row.key_at(j, slot);
@@ -273,8 +363,8 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     const int d = int((c >> shift) & digit_mask);
     if (d != run) {
       if (run >= 0) {
-        if (weighted) atomicAdd(&sh.weight[run], run_weight);  // a counted selection reads only counts
-        atomicAdd(&sh.count[run], run_count);
+        if (weighted) atomicAdd(&bin_weight[run], run_weight);  // a counted selection reads only counts
+        atomicAdd(&bin_count[run], run_count);
       }
       run = d;
       run_weight = 0;
@@ -284,14 +374,42 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     ++run_count;
   });
   if (run >= 0) {
-    if (weighted) atomicAdd(&sh.weight[run], run_weight);
-    atomicAdd(&sh.count[run], run_count);
+    if (weighted) atomicAdd(&bin_weight[run], run_weight);
+    atomicAdd(&bin_count[run], run_count);
+  }
+  }
+  rk.sync();
+  if (scatter) {
+    // Block r sums slice r of the bins over all blocks (thread t: bin i of block q's, staged in out),
+    // publishes it, and every block then reads the n slices: 2 remote reads per thread in all. Two
+    // barriers as below, none after: a block clears its bins only in the next histogram, after the
+    // barrier that follows every block's reads of them; it rewrites its slice only past the next
+    // histogram's first barrier, which every block reaches after reading it; the kernel ends in a
+    // barrier for the last.
+    const unsigned slice = unsigned(kBins / rk.n);  // n is a power of two
+    const unsigned t = threadIdx.x, q = t / slice, i = t % slice;
+    out_weight[t] = rk.at(bin_weight, int(q))[unsigned(rk.rank) * slice + i];
+    out_count[t] = rk.at(bin_count, int(q))[unsigned(rk.rank) * slice + i];
+    __syncthreads();
+    if (t < slice) {
+      unsigned long long w = 0;
+      unsigned int n = 0;
+      for (int r = 0; r < rk.n; ++r) {
+        w += out_weight[unsigned(r) * slice + t];
+        n += out_count[unsigned(r) * slice + t];
+      }
+      row.alt_weight[t] = w;
+      row.alt_count[t] = n;
+    }
+    rk.sync();
+    out_weight[t] = rk.at(row.alt_weight, int(q))[i];
+    out_count[t] = rk.at(row.alt_count, int(q))[i];
+    __syncthreads();  // every merged bin written before warp 0 walks them
+    return cut;
   }
   // The row's histogram: every block sums all blocks' bins (the same sums in every block). The loads
   // of the other blocks' bins are independent: unrolled by 8 to have several in flight (by 16, ptxas
   // spilled more).
-  const Ranks& rk = row.ranks;
-  rk.sync();
   {
     const int b = threadIdx.x;
     unsigned long long w = 0;
@@ -299,14 +417,18 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
 #pragma unroll 8
     for (int r = 0; r < kMaxRanks; ++r) {
       if (r < rk.n) {
-        w += rk.at(sh.weight, r)[b];
-        n += rk.at(sh.count, r)[b];
+        w += rk.at(bin_weight, r)[b];
+        n += rk.at(bin_count, r)[b];
       }
     }
     out_weight[b] = w;
     out_count[b] = n;
   }
-  rk.sync();  // no block clears its bins for the next digit while another still reads them
+  // No block clears its bins for the next digit while another still reads them: a cluster barrier,
+  // or with kOneBarrier the next histogram's (see above; the kernel ends in one for the last). Either
+  // way every thread's merged bin is written before warp 0 walks them.
+  if (one_barrier) __syncthreads();
+  else rk.sync();
   return cut;
 }
 
@@ -317,16 +439,17 @@ struct Selected {
 };
 
 // Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
-// selection those of nonzero weight) holds n <= kGather of them, rather than resolving its remaining
-// digits one pass and two cluster barriers each (a bucket of equal scores, common with 16-bit logits,
-// would go down to the ids' last digit). Every block gathers its members, copies all blocks' lists and
-// finds the one at which the running count or weight within the bucket, from its highest, reaches
-// rest (1 <= rest <= the bucket's count or weight): the same candidate in every block. `above` is
-// what the candidates above the bucket weigh. Returns false, changing nothing, should the members
-// found not be the n counted (never expected: the caller then resolves digits as before).
+// selection those of nonzero weight) holds n <= gmax (kGather, or kGatherBig) of them, rather than
+// resolving its remaining digits one pass and two cluster barriers each (a bucket of equal scores,
+// common with 16-bit logits, would go down to the ids' last digit). Every block gathers its members,
+// copies all blocks' lists and finds the one at which the running count or weight within the bucket,
+// from its highest, reaches rest (1 <= rest <= the bucket's count or weight): the same candidate in
+// every block. `above` is what the candidates above the bucket weigh. Returns false, changing nothing,
+// should the members found not be the n counted (never expected: the caller then resolves digits as
+// before).
 template <typename R>
 __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
-                       unsigned int n, bool weighted, Shared& sh, Selected& out) {
+                       unsigned int n, bool weighted, unsigned int gmax, Shared& sh, Selected& out) {
   if (threadIdx.x == 0) sh.own_n = 0;
   __syncthreads();
   row.for_each([&](uint32_t j, uint32_t slot) {
@@ -339,7 +462,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
       if (w == 0) return;
     }
     const unsigned int i = atomicAdd(&sh.own_n, 1u);
-    if (i < unsigned(kGather)) {
+    if (i < gmax) {
       sh.own_c[i] = c;
       sh.own_w[i] = w;
     }
@@ -349,7 +472,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
   // Warp 0: each block's count (clamped to its list) and where its entries go in the row's list.
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), unsigned(kGather)) : 0u;
+    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), gmax) : 0u;
     unsigned int incl = mine;
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -362,10 +485,12 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
     if (lane == 31) sh.gather_total = incl;
   }
   __syncthreads();
-  {
-    const int r = int(threadIdx.x) / kGather, i = int(threadIdx.x) % kGather;
-    if (r < rk.n && unsigned(i) < sh.gather_n[r] && sh.gather_total <= unsigned(kGather)) {
-      const unsigned int at = sh.gather_off[r] + unsigned(i);
+  // A thread per (block, entry): one pass for kGather, four for kGatherBig.
+  for (unsigned int t = threadIdx.x; t < unsigned(kMaxRanks) * gmax; t += kThreads) {
+    const int r = int(t / gmax);
+    const unsigned int i = t % gmax;
+    if (r < rk.n && i < sh.gather_n[r] && sh.gather_total <= gmax) {
+      const unsigned int at = sh.gather_off[r] + i;
       sh.all_c[at] = rk.at(sh.own_c, r)[i];
       sh.all_w[at] = rk.at(sh.own_w, r)[i];
     }
@@ -450,7 +575,8 @@ __device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weig
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
     Selected small;
-    if (bucket_count <= unsigned(kGather) && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, sh, small))
+    const unsigned int gmax = (row.flags() & kBigGather) ? unsigned(kGatherBig) : unsigned(kGather);
+    if (bucket_count <= gmax && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, gmax, sh, small))
       return small;
     top_bit = shift;
   }
@@ -479,11 +605,25 @@ __device__ unsigned long long bins_sum(const unsigned long long* bins, Shared& s
   return block_sum(bins[threadIdx.x], sh);
 }
 
-// Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`.
+// The phase profile (SampleArgs::phase_ns): slot i of the row is the time phase i ended, slot 0 the
+// kernel's start (after the wait for the kernel before it).
+constexpr int kPhases = 8;
+enum Phase { kStart, kTop, kTopK, kFirstHist, kTopP, kDraw, kEnd };
+__device__ __forceinline__ void mark(unsigned long long* prof, Phase i) {
+  if (prof == nullptr) return;  // the library's launches: null, one predictable branch
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  prof[i] = t;
+}
+
+// Steps 4-7 of backend/sampling.h for a row whose top candidate is `best`. prof: the row's phase slots
+// in thread 0 of rank 0 when profiling, else null.
 template <typename R>
-__device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh) {
+__device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint64_t best, Shared& sh,
+                        unsigned long long* prof) {
   uint64_t lo = 0;
   if (p.top_k > 0 && uint32_t(p.top_k) < row.vocab) lo = select(row, 0, uint64_t(p.top_k), false, false, sh).bound;
+  mark(prof, kTopK);
 
   // The first digit's weighted histogram of the top-k set: its bins sum to the total, and the same
   // pass finds the min-p cut (the highest candidate after the top below min_p).
@@ -501,6 +641,7 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
       mass = bins_sum(sh.first_weight, sh);
     }
   }
+  mark(prof, kFirstHist);
   if (p.top_p < 1.0f) {
     const uint64_t target = sp::top_p_target(p.top_p, total);
     if (target >= 1 && target <= mass) {
@@ -508,19 +649,21 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
       if (sel.shift < 64) mass = sel.mass;  // the prefix kept: the candidates >= max(lo, sel.bound)
     }
   }
+  mark(prof, kTopP);
   if (mass == 0) return row.id_of(best);
   const uint64_t r = sp::mulhi64(sp::random_bits(p.seed, step), mass);
   // Over all the candidates >= lo, not only top-p's prefix: r + 1 <= the prefix's mass, so the running
   // weight reaches it inside the prefix, where the two sets' running weights agree; the same token,
   // from the first-digit histogram already built.
   const Selected sel = select(row, lo, r + 1, true, true, sh);
+  mark(prof, kDraw);
   if (sel.shift >= 64) return row.id_of(best);  // not reached: r < mass
   return selected_token(row, lo, sel, sh);
 }
 
 // kCache: the launch gave each block a key cache of a slot per logit it owns (dynamic shared memory).
 // 1 block per SM is stated so that ptxas may use 64 registers (it otherwise kept to 32 and spilled).
-template <typename T, bool kCache>
+template <typename T, bool kCache, bool kKnobs>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   pdl_wait();
   pdl_trigger();
@@ -528,16 +671,24 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   const Ranks rk = Ranks::here();
   const int r = int(blockIdx.x) / rk.n;
+  unsigned long long* const prof =
+      a.phase_ns != nullptr && rk.rank == 0 && threadIdx.x == 0 ? a.phase_ns + int64_t(r) * kPhases : nullptr;
+  mark(prof, kStart);
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
   uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
-  Row<T, kCache> row;
+  Row<T, kCache, kKnobs> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
   int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
-  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
+  const uint32_t flags = kKnobs ? a.flags : 0u;
+  const size_t alt = (flags & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0;
+  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem + alt) : nullptr;
+  row.flags_ = flags;
+  row.alt_weight = reinterpret_cast<unsigned long long*>(dynamic_smem);
+  row.alt_count = reinterpret_cast<unsigned int*>(dynamic_smem + kBins * sizeof(unsigned long long));
   row.penalty = p.repetition_penalty;
   row.frequency = p.frequency_penalty;
   row.presence = p.presence_penalty;
@@ -574,11 +725,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     return;
   }
   best = m.mx;
+  mark(prof, kTop);
   int32_t pick = row.id_of(best);
   if (p.temperature > 0.0f) {
     row.top = row.score_at(uint32_t(pick));
-    pick = draw(row, p, step, best, sh);
+    pick = draw(row, p, step, best, sh, prof);
   }
+  // kOneBarrier, kScatter: the last histogram may have ended without a cluster barrier; no block leaves
+  // (its shared memory with it) while another may still be merging its bins.
+  if ((flags & (kOneBarrier | kScatter)) && rk.n > 1) rk.sync();
   // Every thread of every block is past its last read of seen and counts (each pass ends in a
   // row-wide barrier).
   if (rk.rank == 0 && threadIdx.x == 0) {
@@ -587,6 +742,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     if (counts) ++counts[pick];
     a.st.step[sr] = step + 1;
   }
+  mark(prof, kEnd);
 }
 
 // Per dtype, once per process (its GPUs assumed alike): the most blocks a row may share, and the
@@ -605,6 +761,40 @@ bool cache_enabled() {
   return on;
 }
 
+// The variants of the passes (SampleArgs::flags), for A/B runs of the sample lab; all off by default:
+// INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier),
+// INGOT_CUDA_SAMPLE_GATHER=1 (kBigGather), INGOT_CUDA_SAMPLE_SCATTER=1 (kScatter; over kOneBarrier).
+uint32_t knob_flags() {
+  static const uint32_t f = [] {
+    auto on = [](const char* name) {
+      const char* e = std::getenv(name);
+      return e && e[0] == '1';
+    };
+    return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u) |
+           (on("INGOT_CUDA_SAMPLE_GATHER") ? kBigGather : 0u) | (on("INGOT_CUDA_SAMPLE_SCATTER") ? kScatter : 0u);
+  }();
+  return f;
+}
+size_t alt_bins_bytes() { return (knob_flags() & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0; }
+
+// The kernel a launch takes: with the key cache or not; with the variants compiled in only when a knob
+// is on.
+template <typename T>
+void (*kernel_for(bool cache))(SampleArgs) {
+  if (knob_flags() != 0) return cache ? sample_kernel<T, true, true> : sample_kernel<T, false, true>;
+  return cache ? sample_kernel<T, true, false> : sample_kernel<T, false, false>;
+}
+
+// INGOT_CUDA_SAMPLE_RANKS=N (a power of two up to the largest cluster) fixes the blocks per row before
+// the key cache's fit is considered (plan_for), so that the lab can time other plans; 0: the default.
+int ranks_override() {
+  static const int v = [] {
+    const char* e = std::getenv("INGOT_CUDA_SAMPLE_RANKS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <typename T>
 const Limits& limits() {
   static const Limits v = [] {
@@ -614,19 +804,25 @@ const Limits& limits() {
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, sample_kernel<T, true>), "sample_kernel attributes");
-    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
-      const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
-      if (cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) ==
-          cudaSuccess)
+    check(cudaFuncGetAttributes(&fa, kernel_for<T>(true)), "sample_kernel attributes");
+    const size_t alt = alt_bins_bytes();
+    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes + alt) {
+      const size_t bytes = size_t(optin) - fa.sharedSizeBytes - alt;
+      if (cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(bytes + alt)) == cudaSuccess)
         l.cache_bytes = bytes;
       else
         cudaGetLastError();  // refused: the passes recompute, as without a cache
     }
+    // kOneBarrier, kScatter: the uncached kernel's dynamic shared memory is the second set of bins
+    // alone, above the default allowance once Shared is past 36 KiB.
+    if (alt > 0)
+      check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeMaxDynamicSharedMemorySize, int(alt)),
+            "sample_kernel shared memory");
     if (major < 9) return l;
-    check(cudaFuncSetAttribute(sample_kernel<T, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+    check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
-    check(cudaFuncSetAttribute(sample_kernel<T, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+    check(cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "sample_kernel cluster size");
     // Asked of the cached kernel with the largest cache a launch may take (a cluster resident so is
     // resident without it); 64 registers per thread already leave one 1024-thread block per SM, so the
@@ -635,7 +831,7 @@ const Limits& limits() {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(c));
       cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = l.cache_bytes;
+      cfg.dynamicSmemBytes = l.cache_bytes + alt;
       cudaLaunchAttribute at[1];
       at[0].id = cudaLaunchAttributeClusterDimension;
       at[0].val.clusterDim.x = unsigned(c);
@@ -643,7 +839,8 @@ const Limits& limits() {
       cfg.attrs = at;
       cfg.numAttrs = 1;
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel<T, true>, &cfg) == cudaSuccess && n > 0) {
+      // (Without a cache, the uncached kernel: only it is allowed the knobs' dynamic bins then.)
+      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0), &cfg) == cudaSuccess && n > 0) {
         l.max_ranks = c;
         return l;
       }
@@ -677,7 +874,10 @@ Plan plan_for(int64_t rows, int64_t vocab) {
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const Limits& l = limits<T>();
   int c = l.max_ranks;
-  while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
+  if (ranks_override() > 0)
+    while (c > 1 && c > ranks_override()) c /= 2;
+  else
+    while (c > 1 && int64_t(c) * rows > 2 * int64_t(sms)) c /= 2;
   for (int w = c; w <= l.max_ranks; w *= 2)
     if (cache_bytes_for(vocab, w) <= l.cache_bytes) return {w, cache_bytes_for(vocab, w)};
   return {c, 0};
@@ -685,7 +885,8 @@ Plan plan_for(int64_t rows, int64_t vocab) {
 
 }  // namespace
 
-void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s) {
+void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s,
+                   unsigned long long* phase_ns) {
   if (logits.rows == 0) return;
   if (!st.params || !st.step) throw Error("cuda backend: sample needs the per-row settings and draw counters");
   if (logits.cols < 1 || logits.cols > INT32_MAX)
@@ -694,7 +895,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
   if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
   uint32_t id_bits = 1;  // the bit width of the vocabulary size, so that every id is below the id mask
   while (id_bits < 31 && (uint64_t(1) << id_bits) <= uint64_t(logits.cols)) ++id_bits;
-  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out};
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, knob_flags(), phase_ns};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const Plan plan = plan_for<T>(logits.rows, logits.cols);
@@ -702,7 +903,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = plan.cache_bytes;
+    cfg.dynamicSmemBytes = plan.cache_bytes + alt_bins_bytes();
     cfg.stream = s;
     cudaLaunchAttribute at[2];
     int n = 0;
@@ -720,9 +921,9 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     cfg.attrs = at;
     cfg.numAttrs = unsigned(n);
     if (plan.cache_bytes > 0)
-      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, true>, a), "sample_kernel");
+      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(true), a), "sample_kernel");
     else
-      check(cudaLaunchKernelEx(&cfg, sample_kernel<T, false>, a), "sample_kernel");
+      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(false), a), "sample_kernel");
   });
 }
 
