@@ -311,26 +311,29 @@ namespace {
 
 // The instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row tile, U loads per
 // lane and row in flight, R tiles per block, P the next step's loads issued before this step's math.
-enum class Int4Design { S8U1R1, S8U2R1, S8U4R1, S4U4R1P };
+enum class Int4Design { S8U1R1, S8U2R1, S16U1R1, S16U2R1, S4U4R1, S4U4R1P, S8U4R1 };
 
-// The instance for a product of N rows of K columns (32-column pieces, K/32 per row). Not measured
-// yet: bench/int4_lab.cu times these and their neighbours; change the choice here once it has run.
-// The reasoning (H200: 132 SMs, 64K registers each; ptxas gives the U4 instances ~96 registers a
-// lane, ~160 pipelined):
-//  - Rows of up to 3072 columns (Qwen3-0.6B; the matrices are 1-6 MB, all of it in flight at once
-//    whatever the split): one step, 8 warps a tile, so as many warps as possible share the latency.
-//  - Longer rows (4096, 12288, 14336 at N = 4096..28672): 4 warps a tile of 128 threads, pipelined:
-//    ~3 blocks per SM by registers, so N = 4096..6144 (256..384 tiles) is one wave of ~12 warps per
-//    SM each keeping 8-16 KB of loads in flight (HBM's latency wants ~40+ KB per SM), and the steps
-//    of the long rows overlap their loads with the previous step's math. 8 warps a tile at 256
-//    threads would leave N = 6144 in 1.5 waves and N = 4096, K = 14336 (one 256-thread block per SM
-//    when pipelined) in 2.
+// The instance for a product of N rows of K columns, as bench/int4_lab.cu measured them on the H200
+// (2026-12-02, bf16, group 128, one token; µs per call, best against the next best; figures in
+// docs/quantization.md): the fastest split follows how many 16-row tiles there are to spread (N / 16)
+// and how long each row is.
+//  - K <= 1024 (Qwen3-0.6B's QKV and gate/up): 8 warps a tile, one load each (N = 4096: 2.66 µs) or
+//    two (N = 6144: 3.36 against 3.51).
+//  - K 2048-3072 with N = 1024 (its O and down): 16 warps a tile, 64 tiles being too few to fill the
+//    GPU otherwise (2.64 against 2.85; 3.08 against 3.61).
+//  - K = 4096: N = 4096 (O) 16 warps a tile (5.90 against 6.28); N = 6144 (QKV) 4 warps, pipelined
+//    (8.57-8.70 against 8.84); N = 24576-28672 (gate/up) 4 warps, not pipelined (26.1 / 29.1 against
+//    28.5 / 32.8).
+//  - Longer rows (down, K = 12288-14336): 8 warps, four loads each (13.9 / 16.3 against 16.6-19.5).
 Int4Design int4_design(int N, int K) {
-  (void)N;
-  if (K <= 1024) return Int4Design::S8U1R1;
-  if (K <= 2048) return Int4Design::S8U2R1;
-  if (K <= 3072) return Int4Design::S8U4R1;
-  return Int4Design::S4U4R1P;
+  if (K <= 1024) return N <= 4096 ? Int4Design::S8U1R1 : Int4Design::S8U2R1;
+  if (K <= 2048) return Int4Design::S16U1R1;
+  if (K <= 3072) return Int4Design::S16U2R1;
+  if (K <= 8192) {
+    if (N <= 4096) return Int4Design::S16U1R1;
+    return N <= 8192 ? Int4Design::S4U4R1P : Int4Design::S4U4R1;
+  }
+  return Int4Design::S8U4R1;
 }
 
 // The new kernel serves 1..kNewTokens tokens (its MMA's 8 token columns); 9..16 keep int4_mma_kernel.
@@ -357,8 +360,11 @@ void launch_new(const int4gemv::Args& a, cudaStream_t s) {
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
     case Int4Design::S8U2R1: return launch_design<T, 8, 2, 1, false>(a, s);
-    case Int4Design::S8U4R1: return launch_design<T, 8, 4, 1, false>(a, s);
+    case Int4Design::S16U1R1: return launch_design<T, 16, 1, 1, false>(a, s);
+    case Int4Design::S16U2R1: return launch_design<T, 16, 2, 1, false>(a, s);
+    case Int4Design::S4U4R1: return launch_design<T, 4, 4, 1, false>(a, s);
     case Int4Design::S4U4R1P: return launch_design<T, 4, 4, 1, true>(a, s);
+    case Int4Design::S8U4R1: return launch_design<T, 8, 4, 1, false>(a, s);
   }
 }
 
