@@ -12,11 +12,13 @@
 //   LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/sample_lab)
 //
 // The variants of sample.cu are environment knobs read once per process (docs/cuda-backend.md, "The
-// sample lab"), so the lab re-runs itself (--child) once per knob set (all of main's list, or the ones
-// named) and prints, per variant, the phase profile (mean ns per phase of a row's rank-0 block, from
-// SampleArgs::phase_ns: the top pass, top-k, the first weighted histogram with min-p, top-p, the draw,
-// the rest to the kernel's end; a phase a setting skips shows ~0), then one table of µs per call,
-// variants side by side, last. A pick that differs from the CPU's stops the run with MISMATCH.
+// sample lab": INGOT_CUDA_SAMPLE_SCATTER, _RANKS, _CACHE), so the lab re-runs itself (--child) once per
+// knob set (all of main's list, or the ones named) and prints to stdout, compactly (lines < 160
+// characters): first the phase profile, a line per variant and case (mean µs per phase of a row's
+// rank-0 block, from SampleArgs::phase_ns: the top pass, top-k, the first weighted histogram with
+// min-p, top-p, the draw, the rest to the kernel's end, and their sum; a phase a setting skips shows
+// ~0), then one table of µs per call, variants side by side. A pick that differs from the CPU's stops
+// the run with MISMATCH (on stderr).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -48,7 +50,7 @@ namespace sp = ingot::sampling;
 constexpr int64_t kVocab = 151936;
 constexpr int kMaxRows = 64;
 constexpr int kPhases = 8;  // sample.cu's Phase slots: start, top, top-k, first histogram, top-p, draw, end
-const char* const kPhaseNames[] = {"top", "top-k", "hist1/min-p", "top-p", "draw", "end"};
+const char* const kPhaseNames[] = {"top", "top-k", "hist1", "top-p", "draw", "end"};
 
 void ck(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
@@ -202,7 +204,7 @@ Result run_case(const Mat& lg, const std::vector<float>& host, int rows, const S
 }
 
 // One variant (the knobs in this process's environment): prints "R <dtype> <kind> <rows> <setting>|<us>"
-// lines for the parent and the phase profile for the reader.
+// lines for the parent and the phase profile's lines (under the parent's header) for the reader.
 int child(const char* variant) {
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
@@ -213,10 +215,6 @@ int child(const char* variant) {
   ck(cudaMalloc(&ws.counters, ws.n_counters * 4), "malloc");
   ck(cudaMemset(ws.counters, 0, ws.n_counters * 4), "memset");
   std::mt19937_64 rng(16);
-  std::printf("\n== variant %s: phase profile, mean ns per phase of a row's rank-0 block ==\n", variant);
-  std::printf("%-5s %-6s %4s  %-30s", "dtype", "logits", "rows", "setting");
-  for (const char* n : kPhaseNames) std::printf(" %11s", n);
-  std::printf("\n");
   for (const DType dt : {DType::BF16, DType::F32}) {
     const char* dname = dt == DType::BF16 ? "bf16" : "f32";
     for (const bool peaked : {false, true}) {
@@ -241,9 +239,14 @@ int child(const char* variant) {
           const std::string label = std::string(variant) + " " + dname + " " + kind;
           const Result r = run_case(lg, host, rows, set, s, ws, label.c_str(), rng);
           if (set.p.temperature >= 0.0f) {
-            std::printf("%-5s %-6s %4d  %-30s", dname, kind, rows, set.name);
-            for (const double ns : r.phase_ns) std::printf(" %11.0f", ns);
-            std::printf("\n");
+            std::printf("%-10s %-4s %-6s %4d %-28s", variant, dname, kind, rows, set.name);
+            double sum = 0;
+            for (const double ns : r.phase_ns) {
+              std::printf(" %6.1f", ns / 1000.0);
+              sum += ns;
+            }
+            std::printf(" %6.1f\n", sum / 1000.0);
+            std::fflush(stdout);
           }
           std::printf("R %s %s %d %s|%.2f\n", dname, kind, rows, set.name, r.us);
         }
@@ -264,23 +267,21 @@ struct Variant {
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--child") == 0) return child(argv[2]);
-  // Each knob alone, then together, then other blocks-per-row plans (for rows 64: 4 by default), then
-  // without the key cache. Variant names on the command line run just those.
-  const std::string agg = "INGOT_CUDA_SAMPLE_WARPAGG=1 ", one = "INGOT_CUDA_SAMPLE_ONEBARRIER=1 ",
-                    gath = "INGOT_CUDA_SAMPLE_GATHER=1 ", scat = "INGOT_CUDA_SAMPLE_SCATTER=1 ";
+  // The library's default (histograms merged by slices from 8 blocks per row on: rows 1 take 16, rows
+  // 64 take 4), the slices never and always, the other blocks-per-row plans with and without them,
+  // then the passes recomputing keys from the logits (what a vocabulary too big for the key cache
+  // gets: the picks of the uncached kernels). Variant names on the command line run just those.
+  const std::string s0 = "INGOT_CUDA_SAMPLE_SCATTER=0 ", s1 = "INGOT_CUDA_SAMPLE_SCATTER=1 ",
+                    r8 = "INGOT_CUDA_SAMPLE_RANKS=8 ", r16 = "INGOT_CUDA_SAMPLE_RANKS=16 ";
   const std::vector<Variant> variants = {
       {"default", ""},
-      {"warpagg", agg},
-      {"onebarrier", one},
-      {"gather", gath},
-      {"scatter", scat},
-      {"all", agg + one + gath},
-      {"agg,gath,scat", agg + gath + scat},
-      {"all,ranks8", agg + one + gath + "INGOT_CUDA_SAMPLE_RANKS=8"},
-      {"all,ranks16", agg + one + gath + "INGOT_CUDA_SAMPLE_RANKS=16"},
-      // The passes recomputing keys from the logits (what a vocabulary too big for the cache gets): the
-      // knobs' picks on that path too.
-      {"all,nocache", agg + one + gath + "INGOT_CUDA_SAMPLE_CACHE=0"},
+      {"scatter=0", s0},
+      {"scatter=1", s1},
+      {"r8,s0", r8 + s0},
+      {"r8,s1", r8 + s1},
+      {"r16,s0", r16 + s0},
+      {"r16,s1", r16 + s1},
+      {"nocache", "INGOT_CUDA_SAMPLE_CACHE=0"},
   };
   std::vector<Variant> run;
   for (const Variant& v : variants) {
@@ -290,6 +291,11 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> keys;  // case order, from the first variant
   std::map<std::string, std::map<std::string, double>> us;
+  std::printf("== phase profile: mean µs per phase of a row's rank-0 block (16 single calls) ==\n");
+  std::printf("%-10s %-4s %-6s %4s %-28s", "variant", "type", "logits", "rows", "setting");
+  for (const char* n : kPhaseNames) std::printf(" %6s", n);
+  std::printf(" %6s\n", "sum");
+  std::fflush(stdout);
   for (const Variant& v : run) {
     // The knobs reach the library only through the environment, read once per process.
     const std::string self = "/proc/" + std::to_string(getpid()) + "/exe";
@@ -310,6 +316,7 @@ int main(int argc, char** argv) {
         us[key][v.name] = std::atof(l.c_str() + bar + 1);
       } else {
         std::fputs(line, stdout);
+        std::fflush(stdout);
       }
     }
     const int rc = pclose(f);
@@ -319,18 +326,18 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\n== µs per call (graph of 32 calls x 5 replays), every pick checked against the CPU ==\n");
-  std::printf("%-5s %-6s %4s %-30s", "dtype", "logits", "rows", "setting");
-  for (const Variant& v : run) std::printf(" %13s", v.name);
+  std::printf("%-4s %-6s %4s %-28s", "type", "logits", "rows", "setting");
+  for (const Variant& v : run) std::printf(" %9s", v.name);
   std::printf("\n");
   for (const std::string& k : keys) {
     char dt[16], kind[16];
     int rows = 0, used = 0;
     std::sscanf(k.c_str(), "%15s %15s %d %n", dt, kind, &rows, &used);
-    std::printf("%-5s %-6s %4d %-30s", dt, kind, rows, k.c_str() + used);
+    std::printf("%-4s %-6s %4d %-28s", dt, kind, rows, k.c_str() + used);
     for (const Variant& v : run) {
       const auto it = us[k].find(v.name);
-      if (it == us[k].end()) std::printf(" %13s", "-");
-      else std::printf(" %13.1f", it->second);
+      if (it == us[k].end()) std::printf(" %9s", "-");
+      else std::printf(" %9.1f", it->second);
     }
     std::printf("\n");
   }

@@ -7,7 +7,25 @@
 // A row is shared by the blocks of one thread block cluster (Hopper; up to 16 blocks, each a slice of
 // the vocabulary). The blocks merge their partial sums and histograms through distributed shared
 // memory and all reach the same decisions; rank 0 writes the results. On GPUs without clusters a row
-// is one block.
+// is one block. A histogram is merged one of two ways (histogram()), each a kernel instance:
+//  - From 8 blocks per row on (a single row takes 16), by slices: block r sums slice r of the bins
+//    over the blocks and publishes it, then every block copies the slices, 2 remote reads per thread
+//    where summing every block's bins takes 2 per block per thread; in place in the merged histogram,
+//    so with no shared memory beyond Shared (the key cache's room is the same). sample_lab figures
+//    (bench/sample_lab.cu; H200, 2026-12-02, vocabulary 151,936, bf16 logits, µs per call, all bins
+//    -> slices), rows=1: flat t0.7 p0.9 163.0 -> 108.3, flat t0.7 k50 p0.9 min-p 0.05 rep 1.1 72.4 ->
+//    52.0, flat t1.0 106 -> 76, flat t0.7 k50 59.1 -> 36.0, peaked t0.7 p0.9 58.2 -> 53.2, peaked full
+//    79.0 -> 48.6, peaked t1.0 63.1 -> 56.9, peaked k50 60.7 -> 37.2 (f32 logits alike). (Measured
+//    with the summed slice in a separate 12 KiB of dynamic shared memory; in place is the same
+//    accesses and barriers, not yet timed.)
+//  - Below 8 (rows=64 runs 4 per row), every block sums all blocks' bins: there the slices measured
+//    slightly slower (t0.7 p0.9 738 -> 747, the full setting 240 -> 261, peaked t0.7 p0.9 404 -> 418).
+//  INGOT_CUDA_SAMPLE_SCATTER=0/1 forces either (scatter_mode()). Three other variants measured then
+//  were dropped: warp-aggregated histogram updates (rows=1 flat t0.7 p0.9 163 -> 174; rows=64 t0.7
+//  k50 187 -> 259), one cluster barrier per histogram over two sets of bins (163 -> 172), and gathers
+//  of up to 256 candidates (163 -> 129 alone, behind the slices' 108.3; with them and the warp
+//  aggregation mixed, 108.3 -> 100.3 and peaked 53.2 -> 47.2 but the full setting 52.0 -> 59.5;
+//  mixed at rows=64; 6 KiB more static shared memory).
 //
 // Work per logit, which is what the op costs (one block on one SM took ~1 ms per 152k row when every
 // pass recomputed everything):
@@ -51,16 +69,9 @@ static_assert(kBins == kThreads, "a thread per bin: clears, merges and the total
 // A selection whose bucket holds at most this many candidates (of nonzero weight, when weighted) ends by
 // gathering them instead of resolving more digits: a thread per (block, entry) copies them.
 constexpr int kGather = kThreads / kMaxRanks;
-// kBigGather: gathers buckets of up to this many. With 16-bit logits the bulk's scores tie in runs of
-// ~50-200 candidates, which kGather sends down the ids' digits (two more histograms each).
-constexpr int kGatherBig = 256;
-
-// Variants of the passes, chosen per process by environment knobs (knob_flags below) so that one
-// build A/B's them (bench/sample_lab.cu); every variant makes the same integer sums, so the same picks.
-constexpr uint32_t kWarpAgg = 1;     // histogram updates aggregated per warp: one atomic per distinct digit
-constexpr uint32_t kOneBarrier = 2;  // two sets of per-block bins used in turn: one cluster barrier per histogram
-constexpr uint32_t kBigGather = 4;   // buckets of up to kGatherBig candidates gathered, not kGather
-constexpr uint32_t kScatter = 8;     // histograms merged by slices: 2 remote reads per thread, not 2 per block
+// From this many blocks per row on, a histogram is merged by slices (kScatter, histogram()); below it,
+// every block sums all blocks' bins. INGOT_CUDA_SAMPLE_SCATTER (scatter_mode()) overrides the rule.
+constexpr int kScatterRanks = 8;
 
 struct SampleArgs {
   const void* logits;
@@ -69,16 +80,10 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
-  uint32_t flags;  // kWarpAgg | kOneBarrier | kBigGather | kScatter
   // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
   // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
   unsigned long long* phase_ns;
 };
-
-// The second set of per-block bins (kOneBarrier; with kScatter, the block's merged slice) lives at the
-// front of the dynamic shared memory, the key cache after it: static shared memory is capped at 48 KiB
-// and Shared already takes ~44 KiB.
-constexpr size_t kAltBinsBytes = size_t(kBins) * (sizeof(unsigned long long) + sizeof(unsigned int));
 
 struct Shared {
   unsigned long long weight[kBins];  // per digit: this block's summed fixed-point weight (weighted selections)
@@ -93,8 +98,8 @@ struct Shared {
   int pick_digit;
   int found;
   // A small bucket gathered: this block's members, then the row's (same contents in every block).
-  unsigned long long own_c[kGatherBig], own_w[kGatherBig];
-  unsigned long long all_c[kGatherBig], all_w[kGatherBig];
+  unsigned long long own_c[kGather], own_w[kGather];
+  unsigned long long all_c[kGather], all_w[kGather];
   unsigned int own_n, gather_total;
   unsigned int gather_n[kMaxRanks], gather_off[kMaxRanks];
   unsigned long long pick_c, pick_mass;
@@ -141,10 +146,9 @@ __device__ __forceinline__ float score_of_key(uint32_t k) {
 }
 
 // One row as every pass sees it; kCache: keys come from the block's key cache (a template argument, so
-// that the cached passes carry none of the recomputation's registers). kKnobs: the variants of
-// knob_flags() are compiled in (without it flags() is 0 at compile time, so the library's default
-// kernel carries none of their code or registers).
-template <typename T, bool kCache, bool kKnobs>
+// that the cached passes carry none of the recomputation's registers). kScatter: histograms are merged
+// by slices (histogram()); a template argument too, so that each kernel carries one merge.
+template <typename T, bool kCache, bool kScatter>
 struct Row {
   const T* logits;
   const uint8_t* seen;    // null when no penalty applies
@@ -155,13 +159,7 @@ struct Row {
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
-  uint32_t flags_;
-  __device__ __forceinline__ uint32_t flags() const { return kKnobs ? flags_ : 0u; }
-  unsigned long long* alt_weight;  // kOneBarrier: the second set of this block's bins; kScatter: its slice
-  unsigned int* alt_count;
-  // kOneBarrier: which set the next histogram fills. Every thread of the row makes the same histogram
-  // calls, so every thread's copy agrees.
-  mutable int parity = 0;
+  __device__ __forceinline__ bool scatter() const { return kScatter && ranks.n > 1; }
 
   __device__ __forceinline__ float score(float logit, uint32_t j) const {
     return sp::score(logit, seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0, frequency,
@@ -267,54 +265,6 @@ __device__ unsigned long long row_max(const R& row, unsigned long long v, Shared
   return across(row.ranks, MaxSum{block_max(v, sh), 0ull}, sh).mx;
 }
 
-// kWarpAgg: the accumulation of histogram() below with the warp's updates combined first. Flat logits
-// put most of a row's candidates in a handful of first-digit bins, where the runs of one thread's
-// (strided, unordered) candidates are short and 1024 threads queue on the same few shared counters;
-// here the lanes holding one digit (__match_any_sync) sum their weights (two 32-bit reductions of the
-// 20-bit halves: a weight is at most 2^40, so 32 of either half fit) and one of them adds the sum.
-// Every lane of a warp takes the same number of steps (lane 0 owns the warp's lowest logit), as the
-// warp-wide intrinsics need; a lane past the vocabulary holds no digit.
-template <typename R>
-__device__ unsigned long long histogram_warp_agg(const R& row, uint64_t lo, uint64_t prefix, int top_bit, int shift,
-                                                 uint64_t digit_mask, bool weighted, float min_p, uint64_t best,
-                                                 unsigned long long* bin_weight, unsigned int* bin_count) {
-  constexpr unsigned kNone = kBins;  // not a digit
-  const unsigned lane = threadIdx.x & 31;
-  const uint32_t stride = row.ranks.stride();
-  unsigned long long cut = 0;
-  uint32_t j = row.ranks.first(threadIdx.x), slot = threadIdx.x;
-  for (uint32_t j0 = j - lane; j0 < row.vocab; j0 += stride, j += stride, slot += kThreads) {
-    unsigned d = kNone;
-    uint64_t w = 1;
-    if (j < row.vocab) {
-      const uint32_t k = row.key_at(j, slot);
-      const uint64_t c = row.candidate(k, j);
-      if (c >= lo && (c >> top_bit) == (prefix >> top_bit)) {
-        d = unsigned((c >> shift) & digit_mask);
-        if (weighted) {
-          const float wf = row.weight_of(k);
-          if (min_p > 0.0f && c != best && wf < min_p) cut = max(cut, (unsigned long long)c);
-          w = sp::fixed(wf);
-          if (w == 0) d = kNone;
-        }
-      }
-    }
-    // Past the first digit most steps hold no member of the bucket in any lane: a vote skips them
-    // without the costlier match.
-    if (__ballot_sync(0xffffffffu, d != kNone) == 0) continue;
-    const unsigned peers = __match_any_sync(0xffffffffu, d);
-    if (d == kNone) continue;
-    const bool leader = lane == unsigned(__ffs(peers) - 1);
-    if (weighted) {
-      const unsigned low = __reduce_add_sync(peers, unsigned(w & 0xFFFFFu));
-      const unsigned high = __reduce_add_sync(peers, unsigned(w >> 20));
-      if (leader) atomicAdd(&bin_weight[d], ((unsigned long long)high << 20) + low);
-    }
-    if (leader) atomicAdd(&bin_count[d], unsigned(__popc(peers)));
-  }
-  return cut;
-}
-
 // The row's histogram of digit [shift, top_bit) of the candidates >= lo whose digits above top_bit are
 // prefix's, into out_weight/out_count (the same bins in every block of the row). Counted
 // (weighted = false): every candidate counts 1. Weighted: its fixed-point weight, and only candidates
@@ -327,22 +277,12 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
                                         unsigned long long* out_weight, unsigned int* out_count) {
   const uint64_t digit_mask = (1ull << (top_bit - shift)) - 1;
   const Ranks& rk = row.ranks;
-  // kOneBarrier: the sets alternate, so a block clears the set the other blocks may still be merging
-  // from only two histograms later, past the barrier of the one between (each block merges before it
-  // arrives there).
-  const bool scatter = (row.flags() & kScatter) != 0 && rk.n > 1;
-  const bool one_barrier = (row.flags() & kOneBarrier) != 0 && !scatter && rk.n > 1;
-  const bool use_alt = one_barrier && row.parity != 0;
-  if (one_barrier) row.parity ^= 1;
-  unsigned long long* const bin_weight = use_alt ? row.alt_weight : sh.weight;
-  unsigned int* const bin_count = use_alt ? row.alt_count : sh.count;
+  unsigned long long* const bin_weight = sh.weight;
+  unsigned int* const bin_count = sh.count;
   bin_weight[threadIdx.x] = 0;
   bin_count[threadIdx.x] = 0;
   __syncthreads();
   unsigned long long cut = 0;
-  if (row.flags() & kWarpAgg) {
-    cut = histogram_warp_agg(row, lo, prefix, top_bit, shift, digit_mask, weighted, min_p, best, bin_weight, bin_count);
-  } else {
   // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
   // candidate on its own would serialise the threads on a handful of counters.
   int run = -1;
@@ -377,19 +317,23 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     if (weighted) atomicAdd(&bin_weight[run], run_weight);
     atomicAdd(&bin_count[run], run_count);
   }
-  }
-  rk.sync();
-  if (scatter) {
-    // Block r sums slice r of the bins over all blocks (thread t: bin i of block q's, staged in out),
-    // publishes it, and every block then reads the n slices: 2 remote reads per thread in all. Two
-    // barriers as below, none after: a block clears its bins only in the next histogram, after the
-    // barrier that follows every block's reads of them; it rewrites its slice only past the next
-    // histogram's first barrier, which every block reaches after reading it; the kernel ends in a
-    // barrier for the last.
-    const unsigned slice = unsigned(kBins / rk.n);  // n is a power of two
-    const unsigned t = threadIdx.x, q = t / slice, i = t % slice;
-    out_weight[t] = rk.at(bin_weight, int(q))[unsigned(rk.rank) * slice + i];
-    out_count[t] = rk.at(bin_count, int(q))[unsigned(rk.rank) * slice + i];
+  rk.sync();  // B1: every block's bins are complete
+  if (row.scatter()) {
+    // By slices, in place in out: block r owns slice r (bins [r*slice, (r+1)*slice)). Thread t copies
+    // bin t of block t/slice's slice r into out[t]; threads t < slice sum column t of those n copies
+    // into out[r*slice + t], where the slice belongs; after B2 every block copies slice q from block q
+    // (2 remote reads per thread in all; the other merge makes 2 per block per thread).
+    //  - Block q's bins are read by the others only between B1 and B2; it clears them in the next
+    //    histogram, after B2.
+    //  - Block q's out[q*slice..] is read by the others after B2; block q writes none of out there in
+    //    this step, and writes out (any histogram's) again only after the next histogram's B1, which
+    //    every block reaches after its reads. The last histogram's reads end before the kernel's final
+    //    barrier (sample_kernel), so no block's shared memory goes away while another reads it.
+    //  - Thread t alone reads and writes column t of out: the block barrier orders the copies and sums.
+    const unsigned slice = unsigned(kBins / rk.n);  // n is a power of two up to kMaxRanks
+    const unsigned t = threadIdx.x, q = t / slice, i = t % slice, own = unsigned(rk.rank) * slice;
+    out_weight[t] = rk.at(bin_weight, int(q))[own + i];
+    out_count[t] = rk.at(bin_count, int(q))[own + i];
     __syncthreads();
     if (t < slice) {
       unsigned long long w = 0;
@@ -398,12 +342,14 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
         w += out_weight[unsigned(r) * slice + t];
         n += out_count[unsigned(r) * slice + t];
       }
-      row.alt_weight[t] = w;
-      row.alt_count[t] = n;
+      out_weight[own + t] = w;
+      out_count[own + t] = n;
     }
-    rk.sync();
-    out_weight[t] = rk.at(row.alt_weight, int(q))[i];
-    out_count[t] = rk.at(row.alt_count, int(q))[i];
+    rk.sync();  // B2: every block's slice is summed, and every block is done reading the others' bins
+    if (q != unsigned(rk.rank)) {
+      out_weight[t] = rk.at(out_weight, int(q))[t];
+      out_count[t] = rk.at(out_count, int(q))[t];
+    }
     __syncthreads();  // every merged bin written before warp 0 walks them
     return cut;
   }
@@ -424,11 +370,9 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     out_weight[b] = w;
     out_count[b] = n;
   }
-  // No block clears its bins for the next digit while another still reads them: a cluster barrier,
-  // or with kOneBarrier the next histogram's (see above; the kernel ends in one for the last). Either
-  // way every thread's merged bin is written before warp 0 walks them.
-  if (one_barrier) __syncthreads();
-  else rk.sync();
+  // No block clears its bins for the next digit while another still reads them (and every thread's
+  // merged bin is written before warp 0 walks them).
+  rk.sync();
   return cut;
 }
 
@@ -439,7 +383,7 @@ struct Selected {
 };
 
 // Ends a selection whose bucket (the candidates >= lo under prefix's digits above shift; for a weighted
-// selection those of nonzero weight) holds n <= gmax (kGather, or kGatherBig) of them, rather than
+// selection those of nonzero weight) holds n <= kGather of them, rather than
 // resolving its remaining digits one pass and two cluster barriers each (a bucket of equal scores,
 // common with 16-bit logits, would go down to the ids' last digit). Every block gathers its members,
 // copies all blocks' lists and finds the one at which the running count or weight within the bucket,
@@ -449,7 +393,7 @@ struct Selected {
 // before).
 template <typename R>
 __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, uint64_t rest, uint64_t above,
-                       unsigned int n, bool weighted, unsigned int gmax, Shared& sh, Selected& out) {
+                       unsigned int n, bool weighted, Shared& sh, Selected& out) {
   if (threadIdx.x == 0) sh.own_n = 0;
   __syncthreads();
   row.for_each([&](uint32_t j, uint32_t slot) {
@@ -462,7 +406,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
       if (w == 0) return;
     }
     const unsigned int i = atomicAdd(&sh.own_n, 1u);
-    if (i < gmax) {
+    if (i < unsigned(kGather)) {
       sh.own_c[i] = c;
       sh.own_w[i] = w;
     }
@@ -472,7 +416,7 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
   // Warp 0: each block's count (clamped to its list) and where its entries go in the row's list.
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), gmax) : 0u;
+    const unsigned int mine = lane < rk.n ? min(*rk.at(&sh.own_n, lane), unsigned(kGather)) : 0u;
     unsigned int incl = mine;
     for (int o = 1; o < 32; o <<= 1) {
       const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -485,11 +429,12 @@ __device__ bool gather(const R& row, uint64_t lo, uint64_t prefix, int shift, ui
     if (lane == 31) sh.gather_total = incl;
   }
   __syncthreads();
-  // A thread per (block, entry): one pass for kGather, four for kGatherBig.
-  for (unsigned int t = threadIdx.x; t < unsigned(kMaxRanks) * gmax; t += kThreads) {
-    const int r = int(t / gmax);
-    const unsigned int i = t % gmax;
-    if (r < rk.n && i < sh.gather_n[r] && sh.gather_total <= gmax) {
+  // A thread per (block, entry); a loop of one pass (written without the loop, ptxas spilled more).
+  static_assert(kMaxRanks * kGather == kThreads, "one pass copies every list");
+  for (unsigned int t = threadIdx.x; t < unsigned(kMaxRanks) * kGather; t += kThreads) {
+    const int r = int(t / kGather);
+    const unsigned int i = t % kGather;
+    if (r < rk.n && i < sh.gather_n[r] && sh.gather_total <= unsigned(kGather)) {
       const unsigned int at = sh.gather_off[r] + i;
       sh.all_c[at] = rk.at(sh.own_c, r)[i];
       sh.all_w[at] = rk.at(sh.own_w, r)[i];
@@ -575,8 +520,8 @@ __device__ Selected select(const R& row, uint64_t lo, uint64_t target, bool weig
     const bool settled = weighted ? bucket_count == 1 : uint64_t(bucket_count) == rest;
     if (shift == 0 || settled) return {prefix, above + bucket_weight, shift};
     Selected small;
-    const unsigned int gmax = (row.flags() & kBigGather) ? unsigned(kGatherBig) : unsigned(kGather);
-    if (bucket_count <= gmax && gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, gmax, sh, small))
+    if (bucket_count <= unsigned(kGather) &&
+        gather(row, lo, prefix, shift, rest, above, bucket_count, weighted, sh, small))
       return small;
     top_bit = shift;
   }
@@ -663,7 +608,8 @@ __device__ int32_t draw(const R& row, const SampleParams& p, uint32_t step, uint
 
 // kCache: the launch gave each block a key cache of a slot per logit it owns (dynamic shared memory).
 // 1 block per SM is stated so that ptxas may use 64 registers (it otherwise kept to 32 and spilled).
-template <typename T, bool kCache, bool kKnobs>
+// kScatter: see Row (launched with 2 or more blocks per row).
+template <typename T, bool kCache, bool kScatter>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   pdl_wait();
   pdl_trigger();
@@ -678,17 +624,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
   uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
-  Row<T, kCache, kKnobs> row;
+  Row<T, kCache, kScatter> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
   int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
-  const uint32_t flags = kKnobs ? a.flags : 0u;
-  const size_t alt = (flags & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0;
-  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem + alt) : nullptr;
-  row.flags_ = flags;
-  row.alt_weight = reinterpret_cast<unsigned long long*>(dynamic_smem);
-  row.alt_count = reinterpret_cast<unsigned int*>(dynamic_smem + kBins * sizeof(unsigned long long));
+  row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
   row.penalty = p.repetition_penalty;
   row.frequency = p.frequency_penalty;
   row.presence = p.presence_penalty;
@@ -731,9 +672,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
     row.top = row.score_at(uint32_t(pick));
     pick = draw(row, p, step, best, sh, prof);
   }
-  // kOneBarrier, kScatter: the last histogram may have ended without a cluster barrier; no block leaves
-  // (its shared memory with it) while another may still be merging its bins.
-  if ((flags & (kOneBarrier | kScatter)) && rk.n > 1) rk.sync();
+  // Merged by slices, the last histogram ended without a cluster barrier after its remote reads: no
+  // block leaves (its shared memory with it) while another may still be reading its slice. The other
+  // passes end in one, and a greedy row made no histogram (temperature is the row's: every block of
+  // the cluster takes the same branch).
+  if (row.scatter() && p.temperature > 0.0f) rk.sync();
   // Every thread of every block is past its last read of seen and counts (each pass ends in a
   // row-wide barrier).
   if (rk.rank == 0 && threadIdx.x == 0) {
@@ -761,27 +704,25 @@ bool cache_enabled() {
   return on;
 }
 
-// The variants of the passes (SampleArgs::flags), for A/B runs of the sample lab; all off by default:
-// INGOT_CUDA_SAMPLE_WARPAGG=1 (kWarpAgg), INGOT_CUDA_SAMPLE_ONEBARRIER=1 (kOneBarrier),
-// INGOT_CUDA_SAMPLE_GATHER=1 (kBigGather), INGOT_CUDA_SAMPLE_SCATTER=1 (kScatter; over kOneBarrier).
-uint32_t knob_flags() {
-  static const uint32_t f = [] {
-    auto on = [](const char* name) {
-      const char* e = std::getenv(name);
-      return e && e[0] == '1';
-    };
-    return (on("INGOT_CUDA_SAMPLE_WARPAGG") ? kWarpAgg : 0u) | (on("INGOT_CUDA_SAMPLE_ONEBARRIER") ? kOneBarrier : 0u) |
-           (on("INGOT_CUDA_SAMPLE_GATHER") ? kBigGather : 0u) | (on("INGOT_CUDA_SAMPLE_SCATTER") ? kScatter : 0u);
+// INGOT_CUDA_SAMPLE_SCATTER: 1 merges histograms by slices at any blocks per row (2 or more), 0 never;
+// unset (or anything else), from kScatterRanks blocks per row on. For the lab's A/B runs; the picks
+// are the same either way.
+int scatter_mode() {
+  static const int v = [] {
+    const char* e = std::getenv("INGOT_CUDA_SAMPLE_SCATTER");
+    return e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
   }();
-  return f;
+  return v;
 }
-size_t alt_bins_bytes() { return (knob_flags() & (kOneBarrier | kScatter)) ? kAltBinsBytes : 0; }
+bool scatter_for(int ranks) {
+  if (ranks < 2) return false;
+  return scatter_mode() < 0 ? ranks >= kScatterRanks : scatter_mode() == 1;
+}
 
-// The kernel a launch takes: with the key cache or not; with the variants compiled in only when a knob
-// is on.
+// The kernel a launch takes: with the key cache or not, merging by slices or not.
 template <typename T>
-void (*kernel_for(bool cache))(SampleArgs) {
-  if (knob_flags() != 0) return cache ? sample_kernel<T, true, true> : sample_kernel<T, false, true>;
+void (*kernel_for(bool cache, bool scatter))(SampleArgs) {
+  if (scatter) return cache ? sample_kernel<T, true, true> : sample_kernel<T, false, true>;
   return cache ? sample_kernel<T, true, false> : sample_kernel<T, false, false>;
 }
 
@@ -795,6 +736,21 @@ int ranks_override() {
   return v;
 }
 
+// The key cache of one block of a row shared by `ranks` blocks: a slot per logit it owns (the slots
+// of its last stride are all allocated).
+constexpr size_t cache_bytes_for(int64_t vocab, int ranks) {
+  const int64_t stride = int64_t(ranks) * kThreads;
+  return size_t((vocab + stride - 1) / stride) * kThreads * sizeof(uint32_t);
+}
+
+// Shared memory per block: the static Shared (39,360 bytes: 3 x 12 KiB of histograms, 2 KiB of gather
+// lists, the rest small; both merges work in it, the slices in the merged histogram itself) plus the
+// key cache, the only dynamic shared memory. An H200 lets a block opt in to 232,448 bytes (227 KiB),
+// which leaves the cache 193,088: Qwen3's 151,936-token row takes 40,960 per block at 16 blocks per
+// row (10 slots per thread), 77,824 at 8, 155,648 at 4; at 2 (307,200) it does not fit.
+static_assert(sizeof(Shared) <= 48 * 1024, "static shared memory is capped at 48 KiB");
+static_assert(sizeof(Shared) + cache_bytes_for(151936, 4) <= 232448, "a 152k row's key cache fits an H200 at 4 blocks");
+
 template <typename T>
 const Limits& limits() {
   static const Limits v = [] {
@@ -804,34 +760,30 @@ const Limits& limits() {
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
     cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, kernel_for<T>(true)), "sample_kernel attributes");
-    const size_t alt = alt_bins_bytes();
-    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes + alt) {
-      const size_t bytes = size_t(optin) - fa.sharedSizeBytes - alt;
-      if (cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(bytes + alt)) == cudaSuccess)
-        l.cache_bytes = bytes;
-      else
-        cudaGetLastError();  // refused: the passes recompute, as without a cache
+    check(cudaFuncGetAttributes(&fa, kernel_for<T>(true, false)), "sample_kernel attributes");
+    // The cached kernels (both merges: the same Shared) may take the rest of the opt-in maximum.
+    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
+      const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
+      bool ok = true;
+      for (const bool scatter : {false, true})
+        ok = ok && cudaFuncSetAttribute(kernel_for<T>(true, scatter), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(bytes)) == cudaSuccess;
+      if (ok) l.cache_bytes = bytes;
+      else cudaGetLastError();  // refused: the passes recompute, as without a cache
     }
-    // kOneBarrier, kScatter: the uncached kernel's dynamic shared memory is the second set of bins
-    // alone, above the default allowance once Shared is past 36 KiB.
-    if (alt > 0)
-      check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeMaxDynamicSharedMemorySize, int(alt)),
-            "sample_kernel shared memory");
     if (major < 9) return l;
-    check(cudaFuncSetAttribute(kernel_for<T>(false), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-          "sample_kernel cluster size");
-    check(cudaFuncSetAttribute(kernel_for<T>(true), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-          "sample_kernel cluster size");
-    // Asked of the cached kernel with the largest cache a launch may take (a cluster resident so is
-    // resident without it); 64 registers per thread already leave one 1024-thread block per SM, so the
-    // cache costs no residency.
+    for (const bool cache : {false, true})
+      for (const bool scatter : {false, true})
+        check(cudaFuncSetAttribute(kernel_for<T>(cache, scatter), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+              "sample_kernel cluster size");
+    // Asked of the kernel a row of c blocks would launch, with the largest cache a launch may take (a
+    // cluster resident so is resident without it); 64 registers per thread already leave one
+    // 1024-thread block per SM, so the cache costs no residency.
     for (int c = kMaxRanks; c > 1; c /= 2) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(c));
       cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = l.cache_bytes + alt;
+      cfg.dynamicSmemBytes = l.cache_bytes;
       cudaLaunchAttribute at[1];
       at[0].id = cudaLaunchAttributeClusterDimension;
       at[0].val.clusterDim.x = unsigned(c);
@@ -839,8 +791,8 @@ const Limits& limits() {
       cfg.attrs = at;
       cfg.numAttrs = 1;
       int n = 0;
-      // (Without a cache, the uncached kernel: only it is allowed the knobs' dynamic bins then.)
-      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0), &cfg) == cudaSuccess && n > 0) {
+      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0, scatter_for(c)), &cfg) == cudaSuccess &&
+          n > 0) {
         l.max_ranks = c;
         return l;
       }
@@ -849,13 +801,6 @@ const Limits& limits() {
     return l;
   }();
   return v;
-}
-
-// The key cache of one block of a row shared by `ranks` blocks: a slot per logit it owns (the slots
-// of its last stride are all allocated).
-size_t cache_bytes_for(int64_t vocab, int ranks) {
-  const int64_t stride = int64_t(ranks) * kThreads;
-  return size_t((vocab + stride - 1) / stride) * kThreads * sizeof(uint32_t);
 }
 
 struct Plan {
@@ -895,7 +840,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
   if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
   uint32_t id_bits = 1;  // the bit width of the vocabulary size, so that every id is below the id mask
   while (id_bits < 31 && (uint64_t(1) << id_bits) <= uint64_t(logits.cols)) ++id_bits;
-  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, knob_flags(), phase_ns};
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, phase_ns};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const Plan plan = plan_for<T>(logits.rows, logits.cols);
@@ -903,7 +848,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = plan.cache_bytes + alt_bins_bytes();
+    cfg.dynamicSmemBytes = plan.cache_bytes;
     cfg.stream = s;
     cudaLaunchAttribute at[2];
     int n = 0;
@@ -920,10 +865,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     }
     cfg.attrs = at;
     cfg.numAttrs = unsigned(n);
-    if (plan.cache_bytes > 0)
-      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(true), a), "sample_kernel");
-    else
-      check(cudaLaunchKernelEx(&cfg, kernel_for<T>(false), a), "sample_kernel");
+    check(cudaLaunchKernelEx(&cfg, kernel_for<T>(plan.cache_bytes > 0, scatter_for(plan.ranks)), a), "sample_kernel");
   });
 }
 
