@@ -282,6 +282,8 @@ int main(int argc, char** argv) {
       {"r16,s0", r16 + s0},
       {"r16,s1", r16 + s1},
       {"nocache", "INGOT_CUDA_SAMPLE_CACHE=0"},
+      {"limbs=0", "INGOT_CUDA_SAMPLE_LIMBS=0"},
+      {"l0,r8,s1", std::string("INGOT_CUDA_SAMPLE_LIMBS=0 ") + r8 + s1},
   };
   std::vector<Variant> run;
   for (const Variant& v : variants) {

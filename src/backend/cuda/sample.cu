@@ -72,6 +72,14 @@ constexpr int kGather = kThreads / kMaxRanks;
 // From this many blocks per row on, a histogram is merged by slices (kScatter, histogram()); below it,
 // every block sums all blocks' bins. INGOT_CUDA_SAMPLE_SCATTER (scatter_mode()) overrides the rule.
 constexpr int kScatterRanks = 8;
+// A weighted histogram's additions are the one hot spot of the op: the leading digit of nearly flat
+// logits falls in a handful of bins, so a block's ~10k (one row, 16 blocks) to ~40k additions meet on
+// a few addresses, and a 64-bit shared-memory atomic add is a compare-and-swap loop (the hardware adds
+// 32 bits natively; see docs/cuda-backend.md). With limbs a weight W < 2^41 (a run of candidates of
+// one digit: at most 2^40 each) is added as three native 32-bit atomics, W = hi 2^28 + mid 2^14 + lo
+// (lo, mid < 2^14), and the block's sums are put together again before the merge: exact, so the bins
+// are the same integers. A block owning fewer than 2^18 logits keeps every limb sum below 2^32.
+constexpr int64_t kLimbMaxLogits = int64_t(1) << 18;
 
 struct SampleArgs {
   const void* logits;
@@ -83,10 +91,16 @@ struct SampleArgs {
   // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
   // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
   unsigned long long* phase_ns;
+  // 1: weighted histograms add 32-bit limbs of the weights (limb_add), 0: 64-bit atomics. Set where a
+  // block owns fewer than kLimbMaxLogits logits (then no limb sum can overflow).
+  int limbs;
 };
 
 struct Shared {
-  unsigned long long weight[kBins];  // per digit: this block's summed fixed-point weight (weighted selections)
+  // Per digit: this block's summed fixed-point weight (weighted selections). With limbs, while the
+  // block adds, its first half holds the low limbs' sums and its second half the middle ones'.
+  unsigned long long weight[kBins];
+  unsigned int limb_hi[kBins];       // with limbs: the high limbs' sums, while the block adds
   unsigned int count[kBins];         // per digit: its candidates (counted selections) or those of nonzero weight
   unsigned long long merged_weight[kBins];  // the same over the row's blocks
   unsigned int merged_count[kBins];
@@ -159,6 +173,7 @@ struct Row {
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
+  bool limbs;  // SampleArgs::limbs
   __device__ __forceinline__ bool scatter() const { return kScatter && ranks.n > 1; }
 
   __device__ __forceinline__ float score(float logit, uint32_t j) const {
@@ -279,9 +294,22 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
   const Ranks& rk = row.ranks;
   unsigned long long* const bin_weight = sh.weight;
   unsigned int* const bin_count = sh.count;
-  bin_weight[threadIdx.x] = 0;
+  unsigned int* const limb_lo = reinterpret_cast<unsigned int*>(sh.weight);  // [kBins], then limb_mid
+  unsigned int* const limb_mid = limb_lo + kBins;
+  const bool limbs = weighted && row.limbs;
+  bin_weight[threadIdx.x] = 0;  // with limbs, the low and middle limbs' bins
   bin_count[threadIdx.x] = 0;
+  sh.limb_hi[threadIdx.x] = 0;
   __syncthreads();
+  auto add_weight = [&](int d, unsigned long long w) {
+    if (limbs) {
+      atomicAdd(&limb_lo[d], unsigned(w & 0x3fffu));
+      atomicAdd(&limb_mid[d], unsigned((w >> 14) & 0x3fffu));
+      atomicAdd(&sh.limb_hi[d], unsigned(w >> 28));
+    } else {
+      atomicAdd(&bin_weight[d], w);
+    }
+  };
   unsigned long long cut = 0;
   // Runs of one digit are added once: the leading digits of a row's keys are few, and adding each
   // candidate on its own would serialise the threads on a handful of counters.
@@ -303,7 +331,7 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     const int d = int((c >> shift) & digit_mask);
     if (d != run) {
       if (run >= 0) {
-        if (weighted) atomicAdd(&bin_weight[run], run_weight);  // a counted selection reads only counts
+        if (weighted) add_weight(run, run_weight);  // a counted selection reads only counts
         atomicAdd(&bin_count[run], run_count);
       }
       run = d;
@@ -314,8 +342,16 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
     ++run_count;
   });
   if (run >= 0) {
-    if (weighted) atomicAdd(&bin_weight[run], run_weight);
+    if (weighted) add_weight(run, run_weight);
     atomicAdd(&bin_count[run], run_count);
+  }
+  if (limbs) {  // the block's limb sums back into 64-bit bins, in place (read all, then write)
+    __syncthreads();
+    const unsigned t = threadIdx.x;
+    const unsigned long long w =
+        (static_cast<unsigned long long>(sh.limb_hi[t]) << 28) + (static_cast<unsigned long long>(limb_mid[t]) << 14) + limb_lo[t];
+    __syncthreads();
+    bin_weight[t] = w;
   }
   rk.sync();  // B1: every block's bins are complete
   if (row.scatter()) {
@@ -638,6 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   row.id_bits = a.id_bits;
   row.id_mask = (1u << a.id_bits) - 1u;
   row.top = 0.0f;
+  row.limbs = a.limbs != 0;
   row.ranks = rk;
 
   // The one pass over global memory: the row's validity, its top candidate, and the key cache.
@@ -726,6 +763,16 @@ void (*kernel_for(bool cache, bool scatter))(SampleArgs) {
   return cache ? sample_kernel<T, true, false> : sample_kernel<T, false, false>;
 }
 
+// INGOT_CUDA_SAMPLE_LIMBS=0 adds weights with 64-bit atomics (SampleArgs::limbs) for A/B runs; the
+// picks are the same either way.
+bool limbs_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("INGOT_CUDA_SAMPLE_LIMBS");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 // INGOT_CUDA_SAMPLE_RANKS=N (a power of two up to the largest cluster) fixes the blocks per row before
 // the key cache's fit is considered (plan_for), so that the lab can time other plans; 0: the default.
 int ranks_override() {
@@ -743,11 +790,12 @@ constexpr size_t cache_bytes_for(int64_t vocab, int ranks) {
   return size_t((vocab + stride - 1) / stride) * kThreads * sizeof(uint32_t);
 }
 
-// Shared memory per block: the static Shared (39,360 bytes: 3 x 12 KiB of histograms, 2 KiB of gather
-// lists, the rest small; both merges work in it, the slices in the merged histogram itself) plus the
-// key cache, the only dynamic shared memory. An H200 lets a block opt in to 232,448 bytes (227 KiB),
-// which leaves the cache 193,088: Qwen3's 151,936-token row takes 40,960 per block at 16 blocks per
-// row (10 slots per thread), 77,824 at 8, 155,648 at 4; at 2 (307,200) it does not fit.
+// Shared memory per block: the static Shared (43,456 bytes: 3 x 12 KiB of histograms, 4 KiB of high
+// limbs, 2 KiB of gather lists, the rest small; both merges work in it, the slices in the merged
+// histogram itself) plus the key cache, the only dynamic shared memory. An H200 lets a block opt in to
+// 232,448 bytes (227 KiB), which leaves the cache 188,992: Qwen3's 151,936-token row takes 40,960 per
+// block at 16 blocks per row (10 slots per thread), 77,824 at 8, 155,648 at 4; at 2 (307,200) it does
+// not fit.
 static_assert(sizeof(Shared) <= 48 * 1024, "static shared memory is capped at 48 KiB");
 static_assert(sizeof(Shared) + cache_bytes_for(151936, 4) <= 232448, "a 152k row's key cache fits an H200 at 4 blocks");
 
@@ -840,11 +888,14 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
   if (logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
   uint32_t id_bits = 1;  // the bit width of the vocabulary size, so that every id is below the id mask
   while (id_bits < 31 && (uint64_t(1) << id_bits) <= uint64_t(logits.cols)) ++id_bits;
-  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, phase_ns};
+  SampleArgs a{logits.data, logits.ld, uint32_t(logits.cols), id_bits, st, out, phase_ns, 0};
   dispatch(logits.dtype, "sample", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const Plan plan = plan_for<T>(logits.rows, logits.cols);
     if (int64_t(plan.ranks) * logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
+    // The logits one block owns (its slots, the last stride's counted whole).
+    const int64_t per_block = int64_t(cache_bytes_for(logits.cols, plan.ranks) / sizeof(uint32_t));
+    a.limbs = limbs_enabled() && per_block < kLimbMaxLogits ? 1 : 0;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
