@@ -21,27 +21,20 @@
 #include <vector>
 
 #include "backend/cuda/gemv_kernel.cuh"
+#include "lab_util.h"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
 using ingot::cuda::gemv::GemvArgs;
 
-void ck(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
-
-struct Design {
-  std::string name;
-  std::function<void(const GemvArgs&, cudaStream_t)> launch;
-};
+using ingot::lab::ck;
+using Design = ingot::lab::Design<GemvArgs>;
 
 template <int S, int U, int R, bool P, bool SW>
 Design design() {
   Design d;
-  d.name = "S" + std::to_string(S) + " U" + std::to_string(U) + " R" + std::to_string(R) + (P ? " P" : "");
+  d.name = ingot::lab::design_name(S, U, R, P);
   d.launch = [](const GemvArgs& a, cudaStream_t s) {
     ingot::cuda::launch("gemv_lab", ingot::cuda::gemv::kernel<bf16, S, U, R, P, SW>, dim3(unsigned((a.N + R - 1) / R)),
                         dim3(R * S * 32), 0, s, a);

@@ -29,27 +29,20 @@
 #include <vector>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
+#include "lab_util.h"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
 using ingot::cuda::int4gemv::Args;
 
-void ck(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
-
-struct Design {
-  std::string name;
-  std::function<void(const Args&, cudaStream_t)> launch;
-};
+using ingot::lab::ck;
+using Design = ingot::lab::Design<Args>;
 
 template <int S, int U, int R, bool P>
 Design design() {
   Design d;
-  d.name = "S" + std::to_string(S) + " U" + std::to_string(U) + " R" + std::to_string(R) + (P ? " P" : "");
+  d.name = ingot::lab::design_name(S, U, R, P);
   d.launch = [](const Args& a, cudaStream_t s) {
     const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
     ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P>, dim3(blocks), dim3(R * S * 32),

@@ -38,6 +38,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/sampling.h"
+#include "lab_util.h"
 
 namespace {
 
@@ -52,11 +53,7 @@ constexpr int kMaxRows = 64;
 constexpr int kPhases = 8;  // sample.cu's Phase slots: start, top, top-k, first histogram, top-p, draw, end
 const char* const kPhaseNames[] = {"top", "top-k", "hist1", "top-p", "draw", "end"};
 
-void ck(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
+using ingot::lab::ck;
 
 struct Setting {
   const char* name;

@@ -37,6 +37,23 @@
 
 namespace ingot::cuda::int4gemv {
 
+// 32 consecutive 16-bit activations at p (16-byte aligned) as 16 pairs, or zeros where p is null
+// (columns or tokens outside the call: they multiply real weights, and must not be NaN garbage).
+template <typename T>
+__device__ __forceinline__ void load_pairs32(const T* p, uint32_t (&xv)[16]) {
+  if (p) {
+    const uint4* px = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = px[i];
+      xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) xv[i] = 0;
+  }
+}
+
 constexpr int kMaxTokens = 8;         // the MMA's B columns
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
 
@@ -194,17 +211,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
       if (q0 + 4 * u >= pieces) break;  // warp-uniform: the MMAs below run on every lane or none
       const int p = q0 + 4 * u + t;
       uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
-      if (xr && p < pieces) {
-        const uint4* px = reinterpret_cast<const uint4*>(xr + int64_t(p) * 32);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint4 v = px[i];
-          xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xv[i] = 0;
-      }
+      load_pairs32(xr && p < pieces ? xr + int64_t(p) * 32 : nullptr, xv);
       const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
       const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
 #pragma unroll

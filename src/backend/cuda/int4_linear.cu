@@ -73,20 +73,10 @@ using int4gemv::mma_16816;
 using int4gemv::Pair;
 
 // 32 values of x row `row` from column `base` as 16 pairs (zeros when the row or the columns are
-// outside the call: they multiply real weights, and must not be NaN garbage).
+// outside the call).
 template <typename T>
 __device__ __forceinline__ void load_x32(const Int4Args& a, int row, int base, bool valid, uint32_t (&xv)[16]) {
-  if (valid && row < a.T) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 v = p[i];
-      xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xv[i] = 0;
-  }
+  int4gemv::load_pairs32<T>(valid && row < a.T ? static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base : nullptr, xv);
 }
 
 // Lane (g, t) = (lane / 4, lane % 4) of each warp: B column g is output row n0 + g, whose chunk
