@@ -71,25 +71,7 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
-  cudaEvent_t e0, e1;
-  ck(cudaEventCreate(&e0), "event");
-  ck(cudaEventCreate(&e1), "event");
-  {  // copy bandwidth (read + write counted), for the ratio
-    const size_t bytes = size_t(2) << 30;
-    void *a, *b;
-    ck(cudaMalloc(&a, bytes), "malloc");
-    ck(cudaMalloc(&b, bytes), "malloc");
-    ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
-    ck(cudaEventRecord(e0, s), "record");
-    for (int i = 0; i < 5; ++i) ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
-    ck(cudaEventRecord(e1, s), "record");
-    ck(cudaEventSynchronize(e1), "sync");
-    float ms;
-    ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-    std::printf("copy bandwidth: %.0f GB/s\n", 2.0 * bytes * 5 / (ms * 1e-3) / 1e9);
-    ck(cudaFree(a), "free");
-    ck(cudaFree(b), "free");
-  }
+  std::printf("copy bandwidth: %.0f GB/s\n", ingot::lab::copy_bandwidth_gbs(s, size_t(2) << 30));
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::printf("%-12s %-12s %9s %9s %9s\n", "shape", "design", "us/call", "GB/s", "max rel");
@@ -141,12 +123,7 @@ int main(int argc, char** argv) {
         const double rel = std::fabs(v - r) / (std::fabs(r) + 1e-2);
         if (!(rel <= worst)) worst = rel == rel ? rel : 1e9;  // NaN never passes
       }
-      ck(cudaEventRecord(e0, s), "record");
-      for (int i = 0; i < reps; ++i) ck(cudaGraphLaunch(ge, s), "replay");
-      ck(cudaEventRecord(e1, s), "record");
-      ck(cudaEventSynchronize(e1), "sync");
-      float ms;
-      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      const float ms = ingot::lab::replay_ms(ge, reps, s);
       const double us = ms * 1e3 / (reps * sh.layers);
       std::printf("%-12s %-12s %9.2f %9.0f %9.4f%s\n", sh.name, d.name.c_str(), us, welems * 2 / (us * 1e-6) / 1e9,
                   worst, worst > 0.02 ? "  WRONG" : "");

@@ -113,27 +113,10 @@ int main(int argc, char** argv) {
   };
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
-  cudaEvent_t e0, e1;
-  ck(cudaEventCreate(&e0), "event");
-  ck(cudaEventCreate(&e1), "event");
   double copy_gbs = 0;
-  {  // device copy bandwidth of 1 GiB (read + write counted), the ceiling the GB/s column is read against
-    const size_t bytes = size_t(1) << 30;
-    void *a, *b;
-    ck(cudaMalloc(&a, bytes), "malloc");
-    ck(cudaMalloc(&b, bytes), "malloc");
-    ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
-    ck(cudaEventRecord(e0, s), "record");
-    for (int i = 0; i < 5; ++i) ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
-    ck(cudaEventRecord(e1, s), "record");
-    ck(cudaEventSynchronize(e1), "sync");
-    float ms;
-    ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-    copy_gbs = 2.0 * bytes * 5 / (ms * 1e-3) / 1e9;
-    std::printf("device copy bandwidth (cudaMemcpy D2D, 1 GiB, read + write): %.0f GB/s\n", copy_gbs);
-    ck(cudaFree(a), "free");
-    ck(cudaFree(b), "free");
-  }
+  // The device's copy bandwidth (1 GiB, read + write counted), the ceiling the GB/s column is read against.
+  copy_gbs = ingot::lab::copy_bandwidth_gbs(s, size_t(1) << 30);
+  std::printf("device copy bandwidth (cudaMemcpy D2D, 1 GiB, read + write): %.0f GB/s\n", copy_gbs);
 
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -217,12 +200,7 @@ int main(int argc, char** argv) {
           const double err = std::fabs(v - r) / (std::fabs(r) + 0.1 * rms);
           if (!(err <= worst)) worst = err == err ? err : 1e9;  // NaN never passes
         }
-      ck(cudaEventRecord(e0, s), "record");
-      for (int i = 0; i < reps; ++i) ck(cudaGraphLaunch(ge, s), "replay");
-      ck(cudaEventRecord(e1, s), "record");
-      ck(cudaEventSynchronize(e1), "sync");
-      float ms;
-      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      const float ms = ingot::lab::replay_ms(ge, reps, s);
       const double us = ms * 1e3 / (double(reps) * copies);
       // bf16 output rounding is 2^-9 relative; f32 sums of K products add far less.
       const bool wrong = !(worst <= 0.01);

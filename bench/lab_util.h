@@ -24,6 +24,45 @@ struct Design {
   std::function<void(const Args&, cudaStream_t)> launch;
 };
 
+// Milliseconds the work fn() enqueues on stream s takes (events around it).
+template <typename F>
+float time_ms(cudaStream_t s, F&& fn) {
+  cudaEvent_t e0, e1;
+  ck(cudaEventCreate(&e0), "event");
+  ck(cudaEventCreate(&e1), "event");
+  ck(cudaEventRecord(e0, s), "record");
+  fn();
+  ck(cudaEventRecord(e1, s), "record");
+  ck(cudaEventSynchronize(e1), "sync");
+  float ms = 0;
+  ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+  ck(cudaEventDestroy(e0), "event");
+  ck(cudaEventDestroy(e1), "event");
+  return ms;
+}
+
+// The device's copy bandwidth in GB/s (read + write counted), the ceiling a lab's GB/s are read
+// against: five device-to-device copies of `bytes` on stream s after one warm-up.
+inline double copy_bandwidth_gbs(cudaStream_t s, size_t bytes) {
+  void *a, *b;
+  ck(cudaMalloc(&a, bytes), "malloc");
+  ck(cudaMalloc(&b, bytes), "malloc");
+  ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+  const float ms = time_ms(s, [&] {
+    for (int i = 0; i < 5; ++i) ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+  });
+  ck(cudaFree(a), "free");
+  ck(cudaFree(b), "free");
+  return 2.0 * double(bytes) * 5 / (double(ms) * 1e-3) / 1e9;
+}
+
+// Milliseconds for `reps` replays of graph g on stream s.
+inline float replay_ms(cudaGraphExec_t g, int reps, cudaStream_t s) {
+  return time_ms(s, [&] {
+    for (int i = 0; i < reps; ++i) ck(cudaGraphLaunch(g, s), "replay");
+  });
+}
+
 inline std::string design_name(int S, int U, int R, bool P) {
   return "S" + std::to_string(S) + " U" + std::to_string(U) + " R" + std::to_string(R) + (P ? " P" : "");
 }

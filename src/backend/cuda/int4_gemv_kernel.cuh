@@ -84,22 +84,24 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
 // The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
 // (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
 template <typename T>
-struct Pair;
+struct PairOf;  // the pair type of T and the pattern of 2^e
 template <>
-struct Pair<__half> {
+struct PairOf<__half> {
+  using V2 = __half2;
   static constexpr uint32_t kMagic = 0x6400;
-  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
-    __half2 d = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&zm)),
-                        *reinterpret_cast<__half2*>(&s2));
-    return *reinterpret_cast<uint32_t*>(&d);
-  }
 };
 template <>
-struct Pair<__nv_bfloat16> {
+struct PairOf<__nv_bfloat16> {
+  using V2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x4300;
+};
+template <typename T>
+struct Pair {
+  using V2 = typename PairOf<T>::V2;
+  static constexpr uint32_t kMagic = PairOf<T>::kMagic;
+  // (q - zm) * s2 per half, q and zm holding 2^e + integer (the difference exact), one rounding.
   static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
-    __nv_bfloat162 d = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&zm)),
-                               *reinterpret_cast<__nv_bfloat162*>(&s2));
+    V2 d = __hmul2(__hsub2(*reinterpret_cast<V2*>(&q), *reinterpret_cast<V2*>(&zm)), *reinterpret_cast<V2*>(&s2));
     return *reinterpret_cast<uint32_t*>(&d);
   }
 };
