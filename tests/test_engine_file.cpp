@@ -9,10 +9,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "io/engine.h"
 #include "io/engine_file.h"
+#include "io/model_config.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
 #include "runtime/tp_split.h"
@@ -286,6 +289,21 @@ TEST(EngineCli, InspectPrintsTheMetadata) {
   EXPECT_NE(text.find("capacity 40"), std::string::npos) << text;
   EXPECT_NE(text.find("capacity on axis 1"), std::string::npos) << text;
   EXPECT_NE(text.find("eos ids"), std::string::npos) << text;
+}
+
+// Benchmarks' random weights repeat a block of 65,536 values; each repetition is rotated, so a wide
+// matrix's rows stay distinct (unrotated, a 152k x 1024 LM head had 64 distinct rows and its logits
+// tied in groups of thousands, which made sampled decode a case no trained model presents).
+TEST(RandomEngine, WideMatricesDoNotRepeatTheirRows) {
+  ModelSpec spec = load_model_spec(test::fixture("qwen3"));
+  spec.vocab = 8192;  // the [8192, 64] embedding spans eight blocks of the fill
+  const Engine e = random_engine(spec, DType::BF16, 3);
+  const HostTensor& t = e.weights.at("tok_embeddings");
+  const size_t row_bytes = size_t(spec.hidden) * dtype_size(DType::BF16);
+  std::set<std::string> rows;
+  for (int64_t r = 0; r < spec.vocab; ++r)
+    rows.insert(std::string(static_cast<const char*>(t.data()) + size_t(r) * row_bytes, row_bytes));
+  EXPECT_EQ(int64_t(rows.size()), spec.vocab);
 }
 
 TEST(EngineCli, BuildFromAConfigGivesRandomWeightsOfItsShapes) {

@@ -403,11 +403,19 @@ Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed, const Weigh
     HostTensor t(wdt, w.shape);
     const size_t n = size_t(t.numel());
     std::vector<float> buf(std::min<size_t>(n, 1 << 16));
-    // Cheap fill: a block of random values repeated; benchmarks need realistic bytes, not statistics.
+    // Cheap fill: a block of random values repeated, each repetition rotated by its own offset (an odd
+    // stride), so that a wide matrix's rows do not repeat. Unrotated, the LM head of Qwen3-0.6B had 64
+    // distinct rows (Qwen3-8B's 16): the logits tied in groups of thousands of tokens, a worst case for
+    // sampling that no trained model presents. Rows r and r' now coincide only when their blocks are a
+    // multiple of (block / gcd(block, row width)) apart: at most a handful of rows for a 152k vocabulary.
     for (float& v : buf) v = w.init == WeightInit::Ones ? 1.0f : normal(rng);
-    for (size_t i = 0; i < n; i += buf.size()) {
-      size_t c = std::min(buf.size(), n - i);
-      convert_from_f32(wdt, buf.data(), static_cast<uint8_t*>(t.data()) + i * dtype_size(wdt), c);
+    const size_t es = dtype_size(wdt);
+    auto* dst = static_cast<uint8_t*>(t.data());
+    for (size_t i = 0, rep = 0; i < n; i += buf.size(), ++rep) {
+      const size_t c = std::min(buf.size(), n - i), off = (rep * 40503) % buf.size();
+      const size_t head = std::min(c, buf.size() - off);  // buf[off, off + head), then buf[0, c - head)
+      convert_from_f32(wdt, buf.data() + off, dst + i * es, head);
+      if (c > head) convert_from_f32(wdt, buf.data(), dst + (i + head) * es, c - head);
     }
     if (sink) sink(eng, w, std::move(t));
     else eng.weights.emplace(w.name, std::move(t));
