@@ -99,8 +99,7 @@ class CudaGraph final : public Graph {
 class OpProfile {
  public:
   OpProfile() {
-    const char* e = std::getenv("INGOT_CUDA_PROFILE");
-    on_ = e && e[0] == '1';
+    on_ = env_knob("INGOT_CUDA_PROFILE", 0) == 1;
   }
   ~OpProfile() {
     if (!on_) return;

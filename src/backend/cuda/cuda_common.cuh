@@ -21,6 +21,16 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
 }
 
+// An A/B knob from the environment (INGOT_CUDA_*, INGOT_GDN_*) as a plain integer, or `fallback` when unset or not
+// one. The callers read each knob once (a function-local static), so a run keeps one setting.
+inline int env_knob(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' && v >= -1000000 && v <= 1000000 ? int(v) : fallback;
+}
+
 // Programmatic dependent launch (sm_90+): every kernel here is launched so that it may start while
 // the kernel before it on the stream drains. It must call pdl_wait() before touching anything an
 // earlier kernel writes or reads (every block, before any early return, so completion stays
@@ -40,10 +50,7 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether launches allow programmatic dependent launch; INGOT_CUDA_PDL=0 turns it off (for A/B
 // measurements and as a fallback), the kernels' waits then being no-ops.
 inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("INGOT_CUDA_PDL");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_knob("INGOT_CUDA_PDL", 1) != 0;
   return on;
 }
 

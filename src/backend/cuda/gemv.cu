@@ -35,10 +35,7 @@ void launch_shape(const GemvArgs& a, cudaStream_t s) {
 // INGOT_CUDA_GEMV_ONE_WARP=1 gives every row one warp, four loads in flight, four rows a block, no
 // pipelining: the kernel before the split (for A/B measurements, as INGOT_CUDA_PDL=0 is).
 bool one_warp_per_row() {
-  static const bool on = [] {
-    const char* e = std::getenv("INGOT_CUDA_GEMV_ONE_WARP");
-    return e && e[0] == '1';
-  }();
+  static const bool on = env_knob("INGOT_CUDA_GEMV_ONE_WARP", 0) == 1;
   return on;
 }
 

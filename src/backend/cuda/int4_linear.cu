@@ -332,10 +332,7 @@ constexpr int kNewTokens = int4gemv::kMaxTokens;
 // INGOT_CUDA_INT4_OLD=1: every 1..16-token product on int4_mma_kernel, the kernel before
 // int4_gemv_kernel.cuh (for A/B measurements, as INGOT_CUDA_GEMV_ONE_WARP=1 is for the 16-bit GEMV).
 bool int4_old_path() {
-  static const bool on = [] {
-    const char* e = std::getenv("INGOT_CUDA_INT4_OLD");
-    return e && e[0] == '1';
-  }();
+  static const bool on = env_knob("INGOT_CUDA_INT4_OLD", 0) == 1;
   return on;
 }
 

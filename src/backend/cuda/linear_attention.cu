@@ -658,10 +658,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gated_delta_chunked_kernel(D
 // Runs of at least this many tokens take the chunked kernel; INGOT_GDN_CHUNK_MIN overrides it (0 turns
 // the chunked kernel off: A/B measurements and a fallback).
 int chunk_min_tokens() {
-  static const int v = [] {
-    const char* e = std::getenv("INGOT_GDN_CHUNK_MIN");
-    return e ? std::max(0, std::atoi(e)) : kChunkMinDefault;
-  }();
+  static const int v = std::max(0, env_knob("INGOT_GDN_CHUNK_MIN", kChunkMinDefault));
   return v;
 }
 

@@ -734,10 +734,7 @@ struct Limits {
 
 // INGOT_CUDA_SAMPLE_CACHE=0 turns the key cache off (A/B measurements; the picks are the same).
 bool cache_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("INGOT_CUDA_SAMPLE_CACHE");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_knob("INGOT_CUDA_SAMPLE_CACHE", 1) != 0;
   return on;
 }
 
@@ -746,8 +743,8 @@ bool cache_enabled() {
 // are the same either way.
 int scatter_mode() {
   static const int v = [] {
-    const char* e = std::getenv("INGOT_CUDA_SAMPLE_SCATTER");
-    return e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
+    const int k = env_knob("INGOT_CUDA_SAMPLE_SCATTER", -1);
+    return k == 0 || k == 1 ? k : -1;
   }();
   return v;
 }
@@ -766,20 +763,14 @@ void (*kernel_for(bool cache, bool scatter))(SampleArgs) {
 // INGOT_CUDA_SAMPLE_LIMBS=0 adds weights with 64-bit atomics (SampleArgs::limbs) for A/B runs; the
 // picks are the same either way.
 bool limbs_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("INGOT_CUDA_SAMPLE_LIMBS");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_knob("INGOT_CUDA_SAMPLE_LIMBS", 1) != 0;
   return on;
 }
 
 // INGOT_CUDA_SAMPLE_RANKS=N (a power of two up to the largest cluster) fixes the blocks per row before
 // the key cache's fit is considered (plan_for), so that the lab can time other plans; 0: the default.
 int ranks_override() {
-  static const int v = [] {
-    const char* e = std::getenv("INGOT_CUDA_SAMPLE_RANKS");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = env_knob("INGOT_CUDA_SAMPLE_RANKS", 0);
   return v;
 }
 
