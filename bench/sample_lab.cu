@@ -50,7 +50,8 @@ namespace sp = ingot::sampling;
 
 constexpr int64_t kVocab = 151936;
 constexpr int kMaxRows = 64;
-constexpr int kPhases = 8;  // sample.cu's Phase slots: start, top, top-k, first histogram, top-p, draw, end
+// sample.cu's Phase slots: start, top, top-k, first histogram, top-p, draw, end.
+constexpr int kPhases = ingot::cuda::kSamplePhases;
 const char* const kPhaseNames[] = {"top", "top-k", "hist1", "top-p", "draw", "end"};
 
 using ingot::lab::ck;

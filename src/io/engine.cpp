@@ -406,8 +406,9 @@ Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed, const Weigh
     // Cheap fill: a block of random values repeated, each repetition rotated by its own offset (an odd
     // stride), so that a wide matrix's rows do not repeat. Unrotated, the LM head of Qwen3-0.6B had 64
     // distinct rows (Qwen3-8B's 16): the logits tied in groups of thousands of tokens, a worst case for
-    // sampling that no trained model presents. Rows r and r' now coincide only when their blocks are a
-    // multiple of (block / gcd(block, row width)) apart: at most a handful of rows for a 152k vocabulary.
+    // sampling that no trained model presents. Two rows can now coincide only when their blocks are a
+    // multiple of gcd(block, row width) apart (the stride is odd): at most three copies of a row in a
+    // 152k-token LM head of width 1024 (2,374 blocks) or 4096 (9,496 blocks).
     for (float& v : buf) v = w.init == WeightInit::Ones ? 1.0f : normal(rng);
     const size_t es = dtype_size(wdt);
     auto* dst = static_cast<uint8_t*>(t.data());

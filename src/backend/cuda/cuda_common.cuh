@@ -135,7 +135,9 @@ void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cuda
 void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // The sample op (sample.cu): a cluster of blocks per row, state in st's buffers, no scratch. phase_ns:
-// null but in bench/sample_lab.cu, [rows, 8] device timestamps of each row's phases (sample.cu, Phase).
+// null but in bench/sample_lab.cu, [rows, kSamplePhases] device timestamps of each row's phases
+// (sample.cu, Phase).
+constexpr int kSamplePhases = 8;
 void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s,
                    unsigned long long* phase_ns = nullptr);
 // The logprobs op (logprobs.cu): one block per row, no scratch.

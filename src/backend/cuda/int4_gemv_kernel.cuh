@@ -68,7 +68,8 @@ struct Args {
   const void* bias;      // [N] or null
   void* y;               // [T, N], y_ld elements between rows
   int64_t y_ld;
-  int T, N, K;           // T in 1..kMaxTokens; K a multiple of 32 (groups are powers of two >= 32)
+  int T, N, K;           // T: 1..kMaxTokens here (int4_linear.cu's other kernels take up to 16); K a
+                         // multiple of 32 (groups are powers of two >= 32)
   int group_shift;       // log2(group size)
 };
 

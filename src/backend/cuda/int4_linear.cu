@@ -38,20 +38,8 @@ constexpr int kLoads = 4;             // 16-byte weight loads in flight per lane
 constexpr int kChunk = 128;           // values per MMA-kernel chunk: 4 lanes x 32 values of one row
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
 
-struct Int4Args {
-  const void* x;         // [T, K] activations (the engine dtype)
-  int64_t x_ld;          // elements between x rows
-  const uint8_t* w;      // [N, K/2] packed nibbles
-  int64_t w_ld;          // bytes between weight rows
-  const void* scales;    // [N, K/group] in the engine dtype
-  const uint8_t* zeros;  // [N, K/group] u8, or null (every zero 8)
-  int64_t s_ld;          // elements between rows of scales (and zeros): K/group
-  const void* bias;      // [N] or null
-  void* y;               // [T, N]
-  int64_t y_ld;
-  int T, N, K;
-  int group_shift;       // log2(group size)
-};
+// The arguments of every INT4 product kernel here (int4gemv::kernel's own, one struct for all).
+using Int4Args = int4gemv::Args;
 
 struct DequantArgs {
   const uint8_t* w;      // [N, K/2] packed nibbles, w_ld bytes between rows
@@ -76,7 +64,8 @@ using int4gemv::Pair;
 // outside the call).
 template <typename T>
 __device__ __forceinline__ void load_x32(const Int4Args& a, int row, int base, bool valid, uint32_t (&xv)[16]) {
-  int4gemv::load_pairs32<T>(valid && row < a.T ? static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base : nullptr, xv);
+  const bool in = valid && row < a.T;
+  int4gemv::load_pairs32<T>(in ? static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base : nullptr, xv);
 }
 
 // Lane (g, t) = (lane / 4, lane % 4) of each warp: B column g is output row n0 + g, whose chunk
@@ -391,10 +380,7 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
       if (a.T > kNewTokens || int4_old_path()) return launch_int4_gemv_mma(x, w, bias, y, s);
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        if constexpr (!std::is_same_v<T, float>)
-          launch_new<T>(int4gemv::Args{a.x, a.x_ld, a.w, a.w_ld, a.scales, a.zeros, a.s_ld, a.bias, a.y, a.y_ld, a.T,
-                                       a.N, a.K, a.group_shift},
-                        s);
+        if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, s);
       });
       return true;
     case DType::F32: {

@@ -16,8 +16,8 @@
 //    -> slices), rows=1: flat t0.7 p0.9 163.0 -> 108.3, flat t0.7 k50 p0.9 min-p 0.05 rep 1.1 72.4 ->
 //    52.0, flat t1.0 106 -> 76, flat t0.7 k50 59.1 -> 36.0, peaked t0.7 p0.9 58.2 -> 53.2, peaked full
 //    79.0 -> 48.6, peaked t1.0 63.1 -> 56.9, peaked k50 60.7 -> 37.2 (f32 logits alike). (Measured
-//    with the summed slice in a separate 12 KiB of dynamic shared memory; in place is the same
-//    accesses and barriers, not yet timed.)
+//    with the summed slice in a separate 12 KiB of dynamic shared memory; the in-place form, timed
+//    later with the 32-bit limbs below, is in docs/cuda-backend.md.)
 //  - Below 8 (rows=64 runs 4 per row), every block sums all blocks' bins: there the slices measured
 //    slightly slower (t0.7 p0.9 738 -> 747, the full setting 240 -> 261, peaked t0.7 p0.9 404 -> 418).
 //  INGOT_CUDA_SAMPLE_SCATTER=0/1 forces either (scatter_mode()). Three other variants measured then
@@ -88,11 +88,11 @@ struct SampleArgs {
   uint32_t id_bits;  // bits of the vocabulary size: ids sit in the low id_bits of a candidate key
   SampleState st;
   int32_t* out;
-  // Null but in the sample lab: [rows, kPhases] %globaltimer readings of each row's rank-0 block at the
-  // phase boundaries (thread 0), so that one GPU run says where a row's time goes.
+  // Null but in the sample lab: [rows, kSamplePhases] %globaltimer readings of each row's rank-0
+  // block at the phase boundaries (thread 0), so that one GPU run says where a row's time goes.
   unsigned long long* phase_ns;
-  // 1: weighted histograms add 32-bit limbs of the weights (limb_add), 0: 64-bit atomics. Set where a
-  // block owns fewer than kLimbMaxLogits logits (then no limb sum can overflow).
+  // 1: weighted histograms add 32-bit limbs of the weights (histogram's add_weight), 0: 64-bit
+  // atomics. Set where a block owns fewer than kLimbMaxLogits logits (then no limb sum can overflow).
   int limbs;
 };
 
@@ -348,8 +348,8 @@ __device__ unsigned long long histogram(const R& row, uint64_t lo, uint64_t pref
   if (limbs) {  // the block's limb sums back into 64-bit bins, in place (read all, then write)
     __syncthreads();
     const unsigned t = threadIdx.x;
-    const unsigned long long w =
-        (static_cast<unsigned long long>(sh.limb_hi[t]) << 28) + (static_cast<unsigned long long>(limb_mid[t]) << 14) + limb_lo[t];
+    using u64 = unsigned long long;
+    const u64 w = (u64(sh.limb_hi[t]) << 28) + (u64(limb_mid[t]) << 14) + limb_lo[t];
     __syncthreads();
     bin_weight[t] = w;
   }
@@ -588,8 +588,8 @@ __device__ unsigned long long bins_sum(const unsigned long long* bins, Shared& s
 
 // The phase profile (SampleArgs::phase_ns): slot i of the row is the time phase i ended, slot 0 the
 // kernel's start (after the wait for the kernel before it).
-constexpr int kPhases = 8;
 enum Phase { kStart, kTop, kTopK, kFirstHist, kTopP, kDraw, kEnd };
+static_assert(kEnd < kSamplePhases, "a row's phase slots hold every phase");
 __device__ __forceinline__ void mark(unsigned long long* prof, Phase i) {
   if (prof == nullptr) return;  // the library's launches: null, one predictable branch
   unsigned long long t;
@@ -654,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   const Ranks rk = Ranks::here();
   const int r = int(blockIdx.x) / rk.n;
   unsigned long long* const prof =
-      a.phase_ns != nullptr && rk.rank == 0 && threadIdx.x == 0 ? a.phase_ns + int64_t(r) * kPhases : nullptr;
+      a.phase_ns != nullptr && rk.rank == 0 && threadIdx.x == 0 ? a.phase_ns + int64_t(r) * kSamplePhases : nullptr;
   mark(prof, kStart);
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
@@ -774,11 +774,14 @@ int ranks_override() {
   return v;
 }
 
-// The key cache of one block of a row shared by `ranks` blocks: a slot per logit it owns (the slots
-// of its last stride are all allocated).
-constexpr size_t cache_bytes_for(int64_t vocab, int ranks) {
+// The logits one block of a row shared by `ranks` blocks owns, counting its last stride whole.
+constexpr int64_t slots_per_block(int64_t vocab, int ranks) {
   const int64_t stride = int64_t(ranks) * kThreads;
-  return size_t((vocab + stride - 1) / stride) * kThreads * sizeof(uint32_t);
+  return (vocab + stride - 1) / stride * kThreads;
+}
+// Its key cache: a slot per logit it owns.
+constexpr size_t cache_bytes_for(int64_t vocab, int ranks) {
+  return size_t(slots_per_block(vocab, ranks)) * sizeof(uint32_t);
 }
 
 // Shared memory per block: the static Shared (43,456 bytes: 3 x 12 KiB of histograms, 4 KiB of high
@@ -884,9 +887,7 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
     using T = std::remove_pointer_t<decltype(tag)>;
     const Plan plan = plan_for<T>(logits.rows, logits.cols);
     if (int64_t(plan.ranks) * logits.rows > INT32_MAX) throw Error("cuda backend: sample over too many rows");
-    // The logits one block owns (its slots, the last stride's counted whole).
-    const int64_t per_block = int64_t(cache_bytes_for(logits.cols, plan.ranks) / sizeof(uint32_t));
-    a.limbs = limbs_enabled() && per_block < kLimbMaxLogits ? 1 : 0;
+    a.limbs = limbs_enabled() && slots_per_block(logits.cols, plan.ranks) < kLimbMaxLogits ? 1 : 0;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(int64_t(plan.ranks) * logits.rows));
     cfg.blockDim = dim3(kThreads);
