@@ -155,6 +155,7 @@ void add_bench(CLI::App& app) {
     ls.random_seed = a->seed;
     ls.device = a->model.device;
     ls.dtype = a->model.dtype;
+    ls.activations = a->model.activations;
     ls.threads = a->model.threads;
     ls.batch_invariant = a->model.batch_invariant;
     ls.verify = !a->model.no_verify;
@@ -284,6 +285,7 @@ void add_bench(CLI::App& app) {
       nlohmann::json r = {{"batch", B},
                           {"device", backend->name()},
                           {"dtype", std::string(dtype_name(engine->weight_dtype))},
+                          {"activations", std::string(dtype_name(backend->activation_dtype()))},
                           {"prompt_len", prompt_len},
                           {"new_tokens", a->new_tokens},
                           {"sampling", {{"temperature", a->sampling.temperature},
@@ -355,7 +357,10 @@ void add_bench(CLI::App& app) {
     if (a->json) std::printf("%s\n", results.dump(2).c_str());
     if (!a->svg.empty()) {
       const std::string device = results.empty() ? backend->name() : results[0]["device"].get<std::string>();
-      const std::string dtype = std::string(dtype_name(engine->weight_dtype));
+      const std::string dtype = std::string(dtype_name(engine->weight_dtype)) +
+                                (backend->activation_dtype() != engine->weight_dtype && backend->name() != "cpu"
+                                     ? " weights, " + std::string(dtype_name(backend->activation_dtype())) + " activations"
+                                     : "");
       char shape[160];
       std::snprintf(shape, sizeof shape, "hidden %lld, %lld layers, vocab %lld", (long long)s.hidden,
                     (long long)s.layers, (long long)s.vocab);

@@ -1,5 +1,6 @@
 // `ingot eval-logits`: the last-position logits of many contexts of varied length, packed into as few
-// forward calls as the workspace allows. tools/compare_16bit.py feeds it the contexts it also gives
+// forward calls as the workspace allows, or (--decode) fed token by token through the decode path.
+// tools/compare_16bit.py and tools/precision_study.py feed it the contexts they also give
 // transformers, to compare 16-bit paths against an f32 reference.
 #include <algorithm>
 #include <climits>
@@ -20,7 +21,7 @@ void add_eval(CLI::App& app) {
     ModelArgs model;
     std::string contexts, out;
     int max_batch = 32;
-    bool force = false;
+    bool force = false, decode = false;
   };
   auto a = std::make_shared<Args>();
   a->model.add_to(*cmd);
@@ -30,6 +31,9 @@ void add_eval(CLI::App& app) {
   cmd->add_option("-o,--output,--out", a->out, "safetensors to write: logits [N, vocab] float32")->required();
   cmd->add_flag("--force", a->force, "replace the output file if it exists (never an input)");
   cmd->add_option("--max-batch", a->max_batch, "rows per forward call")->check(at_least(1));
+  cmd->add_flag("--decode", a->decode,
+                "feed every context one token per call (the decode path: one-token rows, --max-batch of them at "
+                "a time; --max-batch 1 is batch-1 decode) instead of whole contexts as prefill");
   cmd->callback([a] {
     std::vector<std::string> inputs = model_inputs(a->model);
     inputs.push_back(a->contexts);
@@ -61,7 +65,33 @@ void add_eval(CLI::App& app) {
     Loaded l = load_model(a->model, rt);
     const int64_t V = l.engine->spec.vocab;
     HostTensor out(DType::F32, {N, V});
-    for (int64_t n0 = 0; n0 < N;) {
+    const auto progress = [&](int64_t done) {
+      if (!a->model.quiet) std::fprintf(stderr, "\r%lld/%lld contexts", (long long)done, (long long)N);
+    };
+    if (a->decode) {
+      // Rows n0.. share the calls: step t gives each row still running its token t at slot t, and a
+      // row's logits come back at its last token (forward returns them in call order).
+      for (int64_t n0 = 0; n0 < N; n0 += rt.max_batch) {
+        const int64_t rows = std::min<int64_t>(rt.max_batch, N - n0);
+        const int64_t steps = *std::max_element(len.begin() + n0, len.begin() + n0 + rows);
+        for (int64_t t = 0; t < steps; ++t) {
+          Batch b;
+          std::vector<int64_t> ends;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = n0 + r;
+            if (t >= len[size_t(n)]) continue;
+            const bool last = t == len[size_t(n)] - 1;
+            b.rows.push_back(BatchRow{int(r), {int32_t(id[size_t(n * S + t)])}, t, {}, false, last});
+            if (last) ends.push_back(n);
+          }
+          HostTensor lg = l.model->forward(b);
+          for (size_t i = 0; i < ends.size(); ++i)
+            std::memcpy(out.as<float>() + ends[i] * V, lg.as<float>() + int64_t(i) * V, size_t(V) * sizeof(float));
+        }
+        progress(n0 + rows);
+      }
+    }
+    for (int64_t n0 = 0; n0 < N && !a->decode;) {
       Batch b;
       int64_t tokens = 0;
       for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[size_t(n)] <= l.model->max_tokens(); ++n) {
@@ -74,11 +104,13 @@ void add_eval(CLI::App& app) {
       HostTensor lg = l.model->forward(b);
       std::memcpy(out.as<float>() + n0 * V, lg.data(), lg.nbytes());
       n0 += int64_t(b.rows.size());
-      if (!a->model.quiet) std::fprintf(stderr, "\r%lld/%lld contexts", (long long)n0, (long long)N);
+      progress(n0);
     }
     if (!a->model.quiet) std::fprintf(stderr, "\n");
     write_safetensors(a->out, {{"logits", out.view()}},
-                      {{"device", l.backend->name()}, {"dtype", std::string(dtype_name(l.engine->weight_dtype))}});
+                      {{"device", l.backend->name()}, {"dtype", std::string(dtype_name(l.engine->weight_dtype))},
+                       {"activations", std::string(dtype_name(l.backend->activation_dtype()))},
+                       {"path", a->decode ? "decode" : "prefill"}});
   });
 }
 

@@ -21,6 +21,11 @@ void ModelArgs::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "weight dtype: fp32, fp16 or bf16 (default: the checkpoint's; on the GPU "
                                    "also the activation dtype)")
       ->check(dtype_names());
+  app.add_option("--activations", activations,
+                 "activation and KV-cache dtype: f32 keeps activations, the residual stream and the cache in f32 "
+                 "over 16-bit weights on the GPU (decode then differs from an f32 reference by summation order "
+                 "only; docs/performance.md); default: the weights' dtype on the GPU, f32 on the CPU")
+      ->check(dtype_names());
   app.add_option("--threads", threads, "CPU threads (default: all cores; at most 4x the hardware threads)");
   app.add_flag("--batch-invariant", batch_invariant,
                "GPU: kernels whose result for a sequence does not depend on what else runs (identical tokens alone or "
@@ -85,6 +90,7 @@ LoadSpec ModelArgs::load_spec() const {
   s.engine_path = engine_path;
   s.device = device;
   s.dtype = dtype;
+  s.activations = activations;
   s.threads = threads;
   s.batch_invariant = batch_invariant;
   s.verify = !no_verify;

@@ -15,6 +15,7 @@ struct ModelArgs {
   std::string engine_path;  // --engine (an engine file from `ingot build`), the alternative to --model
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string dtype;      // --dtype (weights and, on the GPU, activations)
+  std::string activations;  // --activations f32: f32 activations and cache over 16-bit weights on the GPU
   int threads = 0;        // --threads (CPU)
   bool batch_invariant = false;  // --batch-invariant: GPU kernels whose results do not depend on the batch
   bool no_verify = false;  // --no-verify: skip the engine file's blob checksums

@@ -61,6 +61,7 @@ api::Model load_text_model(const ModelArgs& a, const TextArgs& t, int64_t capaci
   c.batch_invariant = a.batch_invariant;
   c.verify = !a.no_verify;
   c.dtype = a.dtype;
+  c.activations = a.activations;
   c.int4_group_size = int4_group_option(a.quantize, a.group_size).value_or(0);
   c.calibration_text = a.calibration;
   c.calibration_ids = a.calibration_ids;

@@ -36,11 +36,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
 }  // namespace ingot
 
 // `ingot eval-logits` (used for the 16-bit studies) returns each context's last-position logits: on
-// contexts cut from a fixture's rows they equal transformers' logits at those positions.
+// contexts cut from a fixture's rows they equal transformers' logits at those positions, whether the
+// contexts run as prefill or token by token through the decode path (--decode; rows of different
+// lengths share the calls, so rows finish at different steps).
 namespace ingot {
 namespace {
 
-TEST(EvalLogits, LastPositionsMatchTransformers) {
+class EvalLogits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EvalLogits, LastPositionsMatchTransformers) {
   const std::string dir = test::fixture("qwen3_swa");
   Reference ref = load_reference(dir + "/reference.safetensors");
   const int64_t N = ref.rows(), S = ref.seq(), V = ref.vocab();
@@ -50,7 +54,7 @@ TEST(EvalLogits, LastPositionsMatchTransformers) {
   test::TempDir tmp;
   write_safetensors(tmp.file("ctx.safetensors"), {{"input_ids", ref.input_ids.view()}, {"lengths", lengths.view()}});
   const std::string cmd = std::string(INGOT_BINARY) + " eval-logits --device cpu --model " + dir + " --contexts " +
-                          tmp.file("ctx.safetensors") + " --out " + tmp.file("out.safetensors") + " --max-batch 3 2>/dev/null";
+                          tmp.file("ctx.safetensors") + " --out " + tmp.file("out.safetensors") + " --max-batch 3 " + GetParam() + " 2>/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   SafetensorsFile out(tmp.file("out.safetensors"));
   const TensorEntry* lg = out.find("logits");
@@ -63,6 +67,13 @@ TEST(EvalLogits, LastPositionsMatchTransformers) {
       ASSERT_NEAR(got[n * V + v], want[v], 1e-4 + 1e-4 * std::fabs(want[v])) << "context " << n << " token " << v;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, EvalLogits, ::testing::Values("", "--decode", "--decode --activations f32"),
+                         [](const auto& info) {
+                           return info.param.empty() ? std::string("prefill")
+                                                     : info.param.size() > 8 ? std::string("decode_f32")
+                                                                             : std::string("decode");
+                         });
 
 }  // namespace
 }  // namespace ingot

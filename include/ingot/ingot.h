@@ -21,6 +21,9 @@ struct LoadConfig {
   bool batch_invariant = false;
   bool verify = true;           // engine files: check every weight's checksum while loading
   std::string dtype;     // weight dtype: "" (the checkpoint's), fp32, fp16 or bf16; an engine keeps its own
+  // Activation and KV-cache dtype: "" = the weights' on the GPU, f32 on the CPU; "f32" on the GPU keeps
+  // activations and the cache in f32 over 16-bit (not INT4) weights (docs/performance.md, precision).
+  std::string activations;
   // A checkpoint folder's linear weights as INT4 (symmetric, round to nearest) with this many input
   // columns per scale, a power of two in [32, 256]; 0 = not quantized. CPU only (docs/quantization.md).
   int64_t int4_group_size = 0;

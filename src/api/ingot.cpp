@@ -155,6 +155,7 @@ Model Model::load(const std::string& path, const LoadConfig& c) {
   (folder ? ls.model_dir : ls.engine_path) = path;
   ls.device = c.device;
   ls.dtype = c.dtype;
+  ls.activations = c.activations;
   ls.threads = c.threads;
   ls.batch_invariant = c.batch_invariant;
   ls.verify = c.verify;

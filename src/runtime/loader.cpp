@@ -50,6 +50,30 @@ std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, in
   return make_cpu_backend(threads);
 }
 
+namespace {
+
+// --activations against the device and the weights. The CPU computes in f32 whatever the weights; the
+// GPU in the weights' dtype, or in f32 over 16-bit weights (not INT4: its kernels take 16-bit inputs).
+DType resolve_activations(const std::string& requested, const std::string& device, DType weights, bool int4) {
+  if (requested.empty()) return device == "cpu" ? DType::F32 : weights;
+  const DType a = parse_dtype(requested);
+  const std::string flag = "--activations " + requested;
+  if (device == "cpu") {
+    if (a != DType::F32)
+      throw Error(flag + ": the CPU backend computes activations in f32 whatever the weights; drop the flag or give f32");
+    return a;
+  }
+  if (a == weights) return a;
+  if (a != DType::F32)
+    throw Error(flag + " with " + std::string(dtype_name(weights)) + " weights: the GPU runs activations in the weights' "
+                "dtype or in f32 (--activations f32)");
+  if (int4)
+    throw Error(flag + ": the INT4 kernels take 16-bit activations; run INT4 weights without --activations");
+  return a;
+}
+
+}  // namespace
+
 LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   const int sources = int(!s.model_dir.empty()) + int(!s.engine_path.empty()) + int(!s.config_path.empty());
   if (sources != 1) throw Error("give exactly one model source: a checkpoint folder, an engine file or a config.json");
@@ -119,6 +143,8 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
                   (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
                   "; the CUDA kernels take powers of two from 32; run it with --device cpu");
   }
+  activation_dtype_ = resolve_activations(s.activations, device_, dtype_,
+                                          s.int4_group_size || published_ || (file_ && file_->quant));
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
   if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);
@@ -138,6 +164,9 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
     check_tensor_parallel(model_spec_, rt.tp);
     if (ls_.int4_group_size || published_ || (file_ && file_->quant))
       throw Error(flag + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+    if (activation_dtype_ != dtype_ && device_ == "cuda")
+      throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "
+                  "weights' dtype only (not implemented for f32 over 16-bit weights yet); drop one of the two");
     if (device_ == "cuda") {
       check_gpus_for_tensor_parallel(rt.tp);
       tp_ranks_are_processes(true);  // refuses INGOT_TP_PROCESSES=0 (threads) here, before any weight is read
@@ -260,7 +289,7 @@ Loaded Loaded::weights(LoadPlan&& plan) {
   }
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();
-  l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, l.engine->weight_dtype, s.threads,
+  l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, plan.activation_dtype(), s.threads,
                                                                                      s.batch_invariant, plan.gpu());
   return l;
 }

@@ -25,6 +25,10 @@ struct LoadSpec {
   uint64_t random_seed = 0;
   std::string device = "auto";  // auto (the GPU when usable) | cpu | cuda
   std::string dtype;  // weights (and activations on the GPU): "" = the checkpoint's, bf16 for random ones
+  // Activations and KV cache: "" = the backend's own (the weights' dtype on the GPU, f32 on the CPU);
+  // "f32" on the GPU with 16-bit weights: f32 activations, residual stream and cache, the weights
+  // widened in registers as the CPU does (docs/cuda-backend.md, "f32 activations with 16-bit weights").
+  std::string activations;
   int threads = 0;    // CPU threads; 0 = all cores
   bool batch_invariant = false;  // GPU: batch-invariant kernels (backend.h, make_cuda_backend)
   bool verify = true;  // engine files: every blob's checksum
@@ -56,6 +60,9 @@ class LoadPlan {
   explicit LoadPlan(const LoadSpec& spec);
   const ModelSpec& spec() const { return model_spec_; }
   DType weight_dtype() const { return dtype_; }
+  // The dtype of activations and the KV cache: LoadSpec::activations, checked against the device and
+  // the weights by the constructor.
+  DType activation_dtype() const { return activation_dtype_; }
   // An engine file's header and metadata; of an engine directory, rank 0's (its spec is the whole model).
   const std::optional<EngineFileInfo>& engine_file() const { return file_; }
   // An engine directory's manifest and rank files, checked (runtime/tp_engine_dir.h).
@@ -74,6 +81,7 @@ class LoadPlan {
   LoadSpec ls_;
   ModelSpec model_spec_;
   DType dtype_ = DType::F32;
+  DType activation_dtype_ = DType::F32;
   std::optional<EngineFileInfo> file_;
   std::optional<TpEngineDir> dir_;
   std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
