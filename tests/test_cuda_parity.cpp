@@ -1,8 +1,9 @@
 // Model-level parity of the CUDA backend: every committed fixture through Model on the GPU in f32
 // against its transformers reference (allclose(1e-3, 1e-4) on every forward path, greedy ids equal),
-// in both cache layouts; and CUDA-graph decode bitwise equal to the same steps run without graphs
-// (tokens and the whole KV cache), greedy and sampling on the device, in f32 and bf16. Skips without a
-// GPU.
+// in both cache layouts; 16-bit engines on f32 activations against the CPU backend running the same
+// engine; and CUDA-graph decode bitwise equal to the same steps run without graphs (tokens and the
+// whole KV cache), greedy and sampling on the device, in f32, bf16 and bf16 weights on f32
+// activations. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,7 +63,8 @@ TEST_P(CudaParity, MatchesTransformersInF32) {
   }
 }
 
-// Prefills each reference row, then decodes `steps` tokens for all rows at once; returns the tokens
+// Prefills each reference row, then decodes `steps` tokens for all rows at once, on a CUDA backend of
+// activation dtype `dt` (the engine's weight dtype, or f32 beside 16-bit weights); returns the tokens
 // of every step and the cache bytes of every row.
 struct DecodeRun {
   std::vector<std::vector<int32_t>> tokens;
@@ -121,6 +123,65 @@ TEST_P(CudaParity, GraphDecodeIsBitwiseDirectDecode) {
     const DecodeRun graph = decode_run(engine, ref, dt, true, 12);
     EXPECT_EQ(graph.tokens, direct.tokens) << GetParam() << " " << dtype_name(dt);
     EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " " << dtype_name(dt) << ": KV cache bytes differ";
+  }
+  // bf16 weights on f32 activations: the GEMV's f32-x instances and the rounded x of the prefill's
+  // products under capture.
+  Engine engine = build_engine(dir, BuildOptions{DType::BF16});
+  const DecodeRun direct = decode_run(engine, ref, DType::F32, false, 12);
+  const DecodeRun graph = decode_run(engine, ref, DType::F32, true, 12);
+  EXPECT_EQ(graph.tokens, direct.tokens) << GetParam() << " bf16 weights, f32 activations";
+  EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " bf16 weights, f32 activations: KV cache bytes differ";
+}
+
+// A 16-bit engine (bf16, f16) on the CUDA backend of f32 activations and f32 KV cache against the CPU
+// backend running the same engine, which computes exactly so (f32 activations, the weights widened).
+// Each reference row is fed one token per forward, then continued greedily for 8 tokens: every product
+// has one row, so the GPU reads x unrounded and differs from the CPU in summation order only. The
+// logits of every step within fp32's GPU tolerance (atol 1e-3, rtol 1e-4), NaN never passing, and
+// the greedy tokens equal.
+TEST_P(CudaParity, SixteenBitWeightsOnF32ActivationsMatchTheCpu) {
+  const std::string dir = fixture_dir(GetParam());
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  constexpr int64_t kNew = 8;
+  for (DType wt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(GetParam() + " " + std::string(dtype_name(wt)) + " weights");
+    const Engine engine = build_engine(dir, BuildOptions{wt});
+    auto cpu = make_cpu_backend(2);
+    auto gpu = make_cuda_backend(DType::F32);
+    RuntimeOptions rt;
+    rt.max_batch = 1;
+    rt.capacity = ref.seq() + kNew;
+    Model mc(engine, *cpu, rt), mg(engine, *gpu, rt);
+    EXPECT_EQ(mg.state().bytes(), mc.state().bytes());  // the KV cache in f32, as the CPU's
+    const int64_t vocab = mg.spec().vocab;
+    for (int64_t n = 0; n < ref.rows(); ++n) {
+      const int64_t* ids = ref.input_ids.as<int64_t>() + n * ref.seq();
+      std::vector<int32_t> picked_cpu, picked_gpu;
+      int32_t tok = 0;
+      for (int64_t p = 0; p < ref.seq() + kNew; ++p) {
+        // The row restarts at slot 0 (allowed for every layer kind) and continues one token a call.
+        if (p < ref.seq()) tok = int32_t(ids[p]);
+        const Batch b{{BatchRow{0, {tok}, p, {}, false, true}}};
+        const HostTensor lc = mc.forward(b), lg = mg.forward(b);
+        ASSERT_EQ(lc.numel(), vocab);
+        ASSERT_EQ(lg.numel(), vocab);
+        const float *want = lc.as<float>(), *got = lg.as<float>();
+        int64_t bad = 0;
+        float worst = 0;
+        for (int64_t i = 0; i < vocab; ++i) {
+          const float d = std::fabs(got[i] - want[i]);
+          if (!(d <= 1e-3f + 1e-4f * std::fabs(want[i]))) ++bad;
+          if (!(d <= worst)) worst = d;
+        }
+        EXPECT_EQ(bad, 0) << "row " << n << " step " << p << ": " << bad << " logits differ, max |diff| " << worst;
+        if (p + 1 >= ref.seq()) {
+          picked_cpu.push_back(int32_t(std::max_element(want, want + vocab) - want));
+          picked_gpu.push_back(int32_t(std::max_element(got, got + vocab) - got));
+          tok = picked_cpu.back();
+        }
+      }
+      EXPECT_EQ(picked_gpu, picked_cpu) << "row " << n;
+    }
   }
 }
 
@@ -224,6 +285,29 @@ TEST_P(CudaParity, Int4GraphDecodeIsBitwiseDirectDecode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::ValuesIn(kFixtures));
+
+// INT4 weights with 16-bit scales on f32 activations: the CUDA kernels read scales and x of one dtype,
+// so a Model refuses the engine by name before allocating anything (the backend's peak is unchanged).
+TEST(CudaF32Activations, Int4SixteenBitEngineIsRefusedBeforeAllocating) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA parity tests need a GPU";
+  BuildOptions bo{DType::BF16};
+  bo.int4_group_size = 32;
+  const Engine q = build_engine(fixture_dir("qwen3"), bo);
+  auto be = make_cuda_backend(DType::F32);
+  const size_t before = be->peak_memory_bytes();
+  RuntimeOptions rt;
+  rt.max_batch = 1;
+  rt.capacity = 16;
+  try {
+    Model m(q, *be, rt);
+    ADD_FAILURE() << "a bf16 INT4 engine ran on f32 activations";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("INT4 weights need 16-bit activations, drop --activations f32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bf16 scales"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(be->peak_memory_bytes(), before);
+}
 
 // Batch invariance of the hybrid models (issue 10; the failure TensorRT-LLM has with Qwen3.5 at
 // concurrency >= 5): in bf16 with CUDA graphs, each of 8 greedy requests running together gives the

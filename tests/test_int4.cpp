@@ -292,10 +292,10 @@ class WrappedCpu final : public ForwardingBackend {
   explicit WrappedCpu(bool int4) : ForwardingBackend(make_cpu_backend(1)), int4_(int4) {}
   std::string name() const override { return int4_ ? "wrapped-cpu" : "no-int4"; }
   bool int4_weights() const override { return int4_; }
-  size_t int4_scratch_bytes(int64_t elems, int64_t tokens, bool perm) const override {
-    return int4_ && (perm || tokens > 16) ? size_t(elems) * 4 : 0;
+  size_t linear_scratch_bytes(DType wdt, int64_t rows, int64_t cols, int64_t tokens, bool perm) const override {
+    return int4_ && wdt == DType::U8 && (perm || tokens > 16) ? size_t(rows * cols) * 4 : 0;
   }
-  void reserve_int4_scratch(size_t bytes) override { reserved = std::max(reserved, bytes); }
+  void reserve_linear_scratch(size_t bytes) override { reserved = std::max(reserved, bytes); }
   void* alloc(size_t bytes) override { return ++allocs, in_->alloc(bytes); }
   int allocs = 0;
   size_t reserved = 0;
@@ -316,6 +316,30 @@ TEST(Int4Backend, ABackendWithoutInt4IsRefusedBeforeAnythingIsAllocated) {
   EXPECT_GT(be.allocs, 0);
 }
 
+// As the CUDA backend of f32 activations answers: its INT4 kernels take scales (and x) of one dtype, so
+// a 16-bit INT4 engine is refused, by name, before anything is allocated; an f32 one runs.
+class F32ScalesOnly final : public ForwardingBackend {
+ public:
+  F32ScalesOnly() : ForwardingBackend(make_cpu_backend(1)) {}
+  std::string name() const override { return "f32-scales"; }
+  bool int4_scales(DType scale_dtype) const override { return scale_dtype == DType::F32; }
+  void* alloc(size_t bytes) override { return ++allocs, in_->alloc(bytes); }
+  int allocs = 0;
+};
+
+TEST(Int4Backend, SixteenBitScalesOnF32ActivationsAreRefusedBeforeAnythingIsAllocated) {
+  F32ScalesOnly be;
+  const Engine e = build("qwen3", 32, DType::BF16);
+  test::expect_error([&] { Model m(e, be, bounds(1, 16)); },
+                     {"f32-scales backend: INT4 weights need activations in their scales' dtype",
+                      "8 INT4 linear weights have bf16 scales", "computes in f32",
+                      "INT4 weights need 16-bit activations, drop --activations f32"});
+  EXPECT_EQ(be.allocs, 0);
+  const Engine f32 = build("qwen3", 32, DType::F32);
+  Model m(f32, be, bounds(1, 16));
+  EXPECT_GT(be.allocs, 0);
+}
+
 // The memory plan of an INT4 engine counts its weights packed (bytes + scales, what the engine holds)
 // and the dequantization scratch the backend asks for: the largest INT4 weight, reserved on the backend
 // by the Model, only when a forward may carry more tokens than the backend's decode kernel takes.
@@ -332,7 +356,7 @@ TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
   EXPECT_EQ(p.weights, e.weight_bytes());
   EXPECT_EQ(p.weights, engine_weight_bytes(e.spec, e.weight_dtype, 32));
   EXPECT_LT(p.weights, engine_weight_bytes(e.spec, e.weight_dtype));
-  EXPECT_EQ(p.ws.int4_dequant, largest);
+  EXPECT_EQ(p.ws.linear_scratch, largest);
   EXPECT_EQ(p.workspace, p.ws.total());
   {
     Model m(e, be, rt);
@@ -341,11 +365,11 @@ TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
     EXPECT_EQ(m.workspace_bytes(), p.workspace);
   }
   rt.max_tokens = 16;
-  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be).ws.int4_dequant, 0u);
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be).ws.linear_scratch, 0u);
   // The CPU backend reads the packed rows directly.
   auto cpu = make_cpu_backend(1);
   rt.max_tokens = 0;
-  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, cpu->activation_dtype(), rt, true, 32, cpu.get()).ws.int4_dequant, 0u);
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, cpu->activation_dtype(), rt, true, 32, cpu.get()).ws.linear_scratch, 0u);
 }
 
 TEST(Int4Cli, BuildInspectAndGenerateAgreeWithQuantizingAFolder) {

@@ -3,7 +3,10 @@
 // an engine file sizes its cache for the request, never for the stored bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "core/host_memory.h"
 #include "io/engine_file.h"
 #include "runtime/memory_plan.h"
@@ -38,6 +41,51 @@ TEST(MemoryPlan, MatchesWhatTheModelAllocates) {
       // The CPU backend reads the engine's weights in place: only the cache and workspace are new.
       EXPECT_EQ(p.allocated(), p.cache + p.workspace);
     }
+  }
+}
+
+// The CPU backend answering for its linear scratch as the CUDA backend of f32 activations does for
+// 16-bit weights: products of more than one token round x to the weight's dtype first, [tokens, cols].
+// It records what the Model reserves.
+class RoundingCpu final : public ForwardingBackend {
+ public:
+  RoundingCpu() : ForwardingBackend(make_cpu_backend(1)) {}
+  size_t linear_scratch_bytes(DType wdt, int64_t rows, int64_t cols, int64_t tokens, bool perm) const override {
+    (void)rows, (void)perm;
+    return (wdt == DType::BF16 || wdt == DType::F16) && tokens > 1 ? size_t(tokens * cols) * dtype_size(wdt) : 0;
+  }
+  void reserve_linear_scratch(size_t bytes) override { reserved = std::max(reserved, bytes); }
+  size_t reserved = 0;
+};
+
+// The plan counts that scratch over every linear weight (the widest input of any product: the hidden
+// size, the attention or linear-attention output, the intermediate size), the Model reserves exactly
+// it on the backend, and the CPU backend itself needs none.
+TEST(MemoryPlan, CountsTheScratchOfSixteenBitProductsUnderF32Activations) {
+  for (const char* fx : kFixtures) {
+    SCOPED_TRACE(fx);
+    const Engine eng = build_engine(test::fixture(fx), BuildOptions{DType::BF16});
+    const ModelSpec& s = eng.spec;
+    RoundingCpu be;
+    RuntimeOptions rt;
+    rt.max_batch = 2;
+    rt.capacity = 16;  // up to 32 tokens per forward
+    const MemoryPlan p = plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 0, &be);
+    int64_t widest = std::max({s.hidden, s.q_dim(), s.intermediate});
+    if (s.has_linear_layers()) widest = std::max(widest, s.linear.value_width());
+    EXPECT_EQ(p.options.max_tokens, 32);
+    EXPECT_EQ(p.ws.linear_scratch, size_t(32 * widest) * 2);
+    EXPECT_EQ(p.workspace, p.ws.total());
+    {
+      Model m(eng, be, rt);
+      EXPECT_EQ(be.reserved, p.ws.linear_scratch);
+      EXPECT_EQ(m.workspace_bytes(), p.workspace);
+    }
+    rt.max_tokens = 1;  // one-token products read x as it is
+    EXPECT_EQ(plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 0, &be).ws.linear_scratch, 0u);
+    auto cpu = make_cpu_backend(1);
+    rt.max_tokens = 0;
+    EXPECT_EQ(plan_memory(s, eng.weight_dtype, cpu->activation_dtype(), rt, true, 0, cpu.get()).ws.linear_scratch, 0u);
   }
 }
 

@@ -195,18 +195,29 @@ class Backend {
   // True when linear() takes packed INT4 weights (Mat::is_int4). A Model refuses an INT4 engine on a
   // backend without them before allocating anything.
   virtual bool int4_weights() const { return false; }
-  // Bytes of scratch linear() needs for an INT4 weight of `weight_elems` values (rows x cols) called
-  // with `tokens` rows, in this backend's activation dtype: 0 where the weight is read as it is packed
-  // (the CPU, and CUDA's decode kernel for up to kInt4DecodeRows tokens without an act-order perm);
-  // CUDA's other products dequantize the weight into it first. The Model plans the largest
-  // (MemoryPlan::ws.int4_dequant) and hands it over with reserve_int4_scratch before any forward.
-  virtual size_t int4_scratch_bytes(int64_t weight_elems, int64_t tokens, bool perm) const {
-    (void)weight_elems, (void)tokens, (void)perm;
+  // Whether linear() takes INT4 weights whose scales (and biases) are in `scale_dtype`, the engine's
+  // weight dtype: every dtype on the CPU; on CUDA only the activation dtype (its INT4 kernels read
+  // scales and activations of one type, so a CUDA backend of f32 activations refuses a 16-bit INT4
+  // engine). A Model checks it with int4_weights() before allocating anything.
+  virtual bool int4_scales(DType scale_dtype) const {
+    (void)scale_dtype;
+    return true;
+  }
+  // Bytes of scratch linear() needs for a weight of `weight_dtype` (U8: packed INT4), rows x cols,
+  // called with `tokens` rows (`perm`: an INT4 weight with an act-order permutation): 0 where the
+  // weight and x are read as they are (the CPU always; CUDA's one-token GEMV and its INT4 decode kernel
+  // for up to kInt4DecodeRows tokens without a perm). CUDA's other products use it for the INT4 weight
+  // dequantized into the activation dtype ([rows, cols]) or, on f32 activations with 16-bit weights,
+  // for x rounded to the weight's dtype ([tokens, cols]) because cuBLASLt takes A and B of one type.
+  // The Model plans the largest over its linear weights (MemoryPlan::ws.linear_scratch) and hands it
+  // over with reserve_linear_scratch before any forward.
+  virtual size_t linear_scratch_bytes(DType weight_dtype, int64_t rows, int64_t cols, int64_t tokens, bool perm) const {
+    (void)weight_dtype, (void)rows, (void)cols, (void)tokens, (void)perm;
     return 0;
   }
-  // Makes sure linear() has at least `bytes` of INT4 scratch (grows, never shrinks; allocated here, so
-  // not inside a graph capture). linear() refuses an INT4 call whose scratch was not reserved.
-  virtual void reserve_int4_scratch(size_t bytes) { (void)bytes; }
+  // Makes sure linear() has at least `bytes` of scratch (grows, never shrinks; allocated here, so not
+  // inside a graph capture). linear() refuses a call whose scratch was not reserved.
+  virtual void reserve_linear_scratch(size_t bytes) { (void)bytes; }
 
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) noexcept = 0;
@@ -241,7 +252,8 @@ class Backend {
   virtual void add_rmsnorm(const Mat& x, const Mat* delta, const void* weight, DType weight_dtype, float eps,
                            const Mat& out) = 0;
   // y = x w^T (+ bias): x [T, K], w [N, K], bias [N] or null, y [T, N]. f32 accumulation. w may be
-  // packed INT4 where int4_weights() (then bias, when given, is in the scales' dtype).
+  // packed INT4 where int4_weights() (then bias, when given, is in the scales' dtype); otherwise the
+  // bias is in w's dtype, which may be 16-bit under f32 activations (the CPU always; CUDA of dtype f32).
   virtual void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) = 0;
   // Optional per-head q/k RMSNorm, RoPE on q (in place) and k, and K/V written to their cache slots.
   virtual void rope_cache_write(const RopeWriteParams& p) = 0;

@@ -18,10 +18,11 @@ class ForwardingBackend : public Backend {
   DType activation_dtype() const override { return in_->activation_dtype(); }
   bool host_memory() const override { return in_->host_memory(); }
   bool int4_weights() const override { return in_->int4_weights(); }
-  size_t int4_scratch_bytes(int64_t elems, int64_t tokens, bool perm) const override {
-    return in_->int4_scratch_bytes(elems, tokens, perm);
+  bool int4_scales(DType scale_dtype) const override { return in_->int4_scales(scale_dtype); }
+  size_t linear_scratch_bytes(DType wdt, int64_t rows, int64_t cols, int64_t tokens, bool perm) const override {
+    return in_->linear_scratch_bytes(wdt, rows, cols, tokens, perm);
   }
-  void reserve_int4_scratch(size_t bytes) override { in_->reserve_int4_scratch(bytes); }
+  void reserve_linear_scratch(size_t bytes) override { in_->reserve_linear_scratch(bytes); }
 
   void* alloc(size_t b) override { return in_->alloc(b); }
   void free(void* p) noexcept override { in_->free(p); }

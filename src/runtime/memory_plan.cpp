@@ -38,11 +38,22 @@ struct Sizes {
   }
 };
 
+// Whether `w` is the weight of a linear product (Backend::linear): the layers' projections and the
+// LM head, which is the embedding table when the spec ties them.
+bool linear_weight(const ModelSpec& s, const WeightSpec& w) {
+  if (w.layer < 0)
+    return w.model_field == &ModelWeights::lm_head || (s.tie_embeddings && w.model_field == &ModelWeights::embed);
+  for (const DevWeight* LayerWeights::*f : {&LayerWeights::wqkv, &LayerWeights::wo, &LayerWeights::w_gate_up,
+                                            &LayerWeights::w_down, &LayerWeights::lin_in, &LayerWeights::lin_out})
+    if (w.layer_field == f) return true;
+  return false;
+}
+
 }  // namespace
 
 size_t WorkspacePlan::total() const {
   return 3 * hidden + qkv + attn + gate_up + act + conv + 6 * token_meta + gathered + logits + next_tokens + sample_params +
-         sample_step + sample_seen + sample_counts + logprobs + inv_freq + int4_dequant + tp_logits + tp_index;
+         sample_step + sample_seen + sample_counts + logprobs + inv_freq + linear_scratch + tp_logits + tp_index;
 }
 
 std::string format_bytes(double bytes) {
@@ -122,11 +133,16 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   w.sample_counts = z.mul({B, s.vocab, int64_t(sizeof(int32_t))});
   w.logprobs = z.mul({L, 1 + 2 * sampling::kMaxTopLogprobs, 4});
   w.inv_freq = std::max<size_t>(rope_inv_freq(s).size(), 1) * sizeof(float);
-  if (int4_group_size > 0 && be) {
+  if (be) {
     const WeightTable table = weight_table(s);
-    for (const WeightSpec& ws : table.entries())
-      if (int4_quantizable(ws) && ws.shape.size() == 2)
-        w.int4_dequant = std::max(w.int4_dequant, be->int4_scratch_bytes(int64_t(z.mul({ws.shape[0], ws.shape[1]})), T, false));
+    for (const WeightSpec& ws : table.entries()) {
+      if (!linear_weight(s, ws) || ws.shape.size() != 2) continue;
+      const bool int4 = int4_group_size > 0 && int4_quantizable(ws);
+      // The LM head reads the gathered rows of one pass, never more than the forward's tokens.
+      const int64_t tokens = ws.layer < 0 ? std::min(T, L) : T;
+      w.linear_scratch = std::max(w.linear_scratch, be->linear_scratch_bytes(int4 ? DType::U8 : ws.dtype(weight_dtype),
+                                                                             ws.shape[0], ws.shape[1], tokens, false));
+    }
   }
   if (s.tp.world > 1) {
     w.tp_logits = z.mul({s.tp.world, L, s.tp.vocab_rows, as});
@@ -136,7 +152,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
                    w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
                    w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq,
-                   w.int4_dequant, w.tp_logits, w.tp_index})
+                   w.linear_scratch, w.tp_logits, w.tp_index})
     ws = z.add(ws, b);
   p.workspace = ws;
   z.add(z.add(p.weights, p.cache), p.workspace);

@@ -42,10 +42,11 @@ struct WorkspacePlan {
   size_t sample_counts = 0;  // [max_batch, vocab] int32: generated tokens' counts (frequency/presence penalties)
   size_t logprobs = 0;       // [max_logit_rows, 1 + 2 * kMaxTopLogprobs] 4-byte outputs of the logprobs op
   size_t inv_freq = 0;
-  // INT4 engines on backends that dequantize a weight for wide products (CUDA, more than 16 tokens):
-  // the largest Backend::int4_scratch_bytes over the INT4 weights at max_tokens; held by the backend
-  // (Backend::reserve_int4_scratch), not by the Model. 0 otherwise.
-  size_t int4_dequant = 0;
+  // The largest Backend::linear_scratch_bytes over the linear weights (the layers' at max_tokens, the
+  // LM head's at what one pass carries): an INT4 weight dequantized for a wide product, or x rounded
+  // to 16 bits for a multi-token product of 16-bit weights under f32 activations (CUDA). Held by the
+  // backend (Backend::reserve_linear_scratch), not by the Model. 0 where the backend needs none.
+  size_t linear_scratch = 0;
   // A tensor-parallel rank (spec.tp.world > 1): [world, max_logit_rows, vocab_rows] every rank's LM-head
   // rows gathered, and [max_logit_rows] int32 row indices 0, 1, ... that lay them out into the logits.
   size_t tp_logits = 0, tp_index = 0;
@@ -75,7 +76,7 @@ size_t engine_weight_bytes(const ModelSpec& spec, DType dtype, int64_t int4_grou
 // Resolves the options' defaults, refuses options no run could use (each limit named) and sums what a
 // Model over these will allocate. Throws Error when a figure exceeds the 64-bit address space.
 // int4_group_size > 0: the engine's linear weights are INT4 of that group (counted packed); `be`, when
-// given, says how much INT4 scratch its linear needs (WorkspacePlan::int4_dequant).
+// given, says how much scratch its linear needs (WorkspacePlan::linear_scratch).
 class Backend;
 MemoryPlan plan_memory(const ModelSpec& spec, DType weight_dtype, DType activation_dtype, const RuntimeOptions& options,
                        bool weights_in_place = false, int64_t int4_group_size = 0, const Backend* be = nullptr);

@@ -26,6 +26,11 @@ MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions&
     throw Error(be.name() + " backend: int4 weights are not supported (the engine has " +
                 std::to_string(engine.quant->tensors.size()) +
                 " INT4 linear weights; run it with --device cpu or cuda, docs/quantization.md)");
+  if (engine.quant && !be.int4_scales(engine.weight_dtype))
+    throw Error(be.name() + " backend: INT4 weights need activations in their scales' dtype: the engine's " +
+                std::to_string(engine.quant->tensors.size()) + " INT4 linear weights have " +
+                std::string(dtype_name(engine.weight_dtype)) + " scales and this backend computes in " +
+                std::string(dtype_name(be.activation_dtype())) + "; INT4 weights need 16-bit activations, drop --activations f32");
   MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory(),
                                 engine.quant ? engine.quant->group_size : 0, &be);
   check_fits(plan, be.available_memory_bytes(), be.host_memory() ? "host memory" : be.name() + " device memory");
@@ -90,10 +95,10 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
     b = Buffer(be_, bytes);
     workspace_bytes_ += bytes;
   };
-  // The backend holds the INT4 dequantization scratch (shared by every Model on it); planned here.
-  if (w.int4_dequant) {
-    be_.reserve_int4_scratch(w.int4_dequant);
-    workspace_bytes_ += w.int4_dequant;
+  // The backend holds the linear products' scratch (shared by every Model on it); planned here.
+  if (w.linear_scratch) {
+    be_.reserve_linear_scratch(w.linear_scratch);
+    workspace_bytes_ += w.linear_scratch;
   }
   ws(x_, w.hidden);
   ws(h_, w.hidden);

@@ -236,7 +236,7 @@ class CudaBackend final : public Backend {
     plans_.clear();
     if (lt_) cublasLtDestroy(lt_);
     free(lt_ws_);
-    free(int4_scratch_);
+    free(linear_scratch_);
     for (const Scratch* sc : {&attn_, &argmax_}) {
       free(sc->floats);
       free(sc->counters);
@@ -253,21 +253,35 @@ class CudaBackend final : public Backend {
   void* native_stream() override { return stream_->get(); }
   int device_ordinal() const override { return device_; }
   DType activation_dtype() const override { return dtype_; }
-  bool int4_weights() const override { return true; }
-  // The decode kernel reads the packed weight; everything else (more tokens, act-order, or the
-  // batch-invariant mode, where every row count must take the one cuBLASLt algorithm) needs the weight
-  // dequantized: [rows, cols] in the activation dtype.
-  size_t int4_scratch_bytes(int64_t weight_elems, int64_t tokens, bool perm) const override {
-    if (!invariant_ && !perm && tokens <= kInt4DecodeRows) return 0;
-    return size_t(weight_elems) * dtype_size(dtype_);
+  // 16-bit weights on a backend of f32 activations: widened in registers as the CPU backend does.
+  bool mixed(DType weight_dtype) const {
+    return dtype_ == DType::F32 && (weight_dtype == DType::F16 || weight_dtype == DType::BF16);
   }
-  void reserve_int4_scratch(size_t bytes) override {
-    if (bytes <= int4_scratch_bytes_) return;
-    free(int4_scratch_);
-    int4_scratch_ = nullptr;
-    int4_scratch_bytes_ = 0;
-    int4_scratch_ = alloc(bytes);
-    int4_scratch_bytes_ = bytes;
+  bool int4_weights() const override { return true; }
+  // The INT4 kernels read scales, biases and activations of one dtype.
+  bool int4_scales(DType scale_dtype) const override { return scale_dtype == dtype_; }
+  // INT4: the decode kernel reads the packed weight; everything else (more tokens, act-order, or the
+  // batch-invariant mode, where every row count must take the one cuBLASLt algorithm) needs the weight
+  // dequantized: [rows, cols] in the activation dtype. 16-bit weights under f32 activations: the GEMV
+  // reads f32 x for one token; cuBLASLt (more tokens, batch-invariant mode, or rows the GEMV cannot
+  // take) needs x rounded to the weight's dtype: [tokens, cols].
+  size_t linear_scratch_bytes(DType weight_dtype, int64_t rows, int64_t cols, int64_t tokens, bool perm) const override {
+    if (weight_dtype == DType::U8) {
+      if (!invariant_ && !perm && tokens <= kInt4DecodeRows) return 0;
+      return size_t(rows) * size_t(cols) * dtype_size(dtype_);
+    }
+    if (!mixed(weight_dtype)) return 0;
+    const int64_t vec = 16 / int64_t(dtype_size(weight_dtype));
+    if (!invariant_ && tokens <= 1 && cols % vec == 0) return 0;
+    return size_t(tokens) * size_t(cols) * dtype_size(weight_dtype);
+  }
+  void reserve_linear_scratch(size_t bytes) override {
+    if (bytes <= linear_scratch_bytes_) return;
+    free(linear_scratch_);
+    linear_scratch_ = nullptr;
+    linear_scratch_bytes_ = 0;
+    linear_scratch_ = alloc(bytes);
+    linear_scratch_bytes_ = bytes;
   }
 
   void* alloc(size_t bytes) override {
@@ -429,7 +443,7 @@ class CudaBackend final : public Backend {
   }
   void linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) override {
     if (w.is_int4()) return linear_int4(x, w, bias, y);
-    if (w.dtype != dtype_ || x.dtype != dtype_ || y.dtype != dtype_)
+    if ((w.dtype != dtype_ && !mixed(w.dtype)) || x.dtype != dtype_ || y.dtype != dtype_)
       throw Error("cuda backend: linear got " + std::string(dtype_name(w.dtype)) + " weights and " +
                   std::string(dtype_name(x.dtype)) + " activations on a " + std::string(dtype_name(dtype_)) +
                   " backend; build the engine in the backend's dtype (--dtype)");
@@ -442,8 +456,23 @@ class CudaBackend final : public Backend {
     // Batch-invariant: every row count takes the same cuBLASLt algorithm (the GEMV's reduction order
     // differs from the GEMM's, so a token decoded alone would not match one decoded in a batch).
     if (!invariant_ && launch_gemv(x, w, bias, y, stream_->get())) return;
-    matmul(x, w, y);
-    if (bias) launch_add_bias(y, bias, stream_->get());
+    if (w.dtype == x.dtype) {
+      matmul(x, w, y);
+    } else {
+      // cuBLASLt takes A and B of one type: x is rounded to the weight's dtype (the one rounding of
+      // this mode's multi-token products), the product accumulates and is written in f32.
+      const size_t need = size_t(x.rows) * size_t(x.cols) * dtype_size(w.dtype);
+      if (need > linear_scratch_bytes_)
+        throw Error("cuda backend: linear: " + std::to_string(x.rows) + " rows of " + std::to_string(x.cols) +
+                    " f32 activations against " + std::string(dtype_name(w.dtype)) + " weights need " +
+                    std::to_string(need) + " bytes of scratch to round them but " +
+                    std::to_string(linear_scratch_bytes_) +
+                    " are reserved (Backend::reserve_linear_scratch; a Model reserves what its memory plan counts)");
+      const Mat xw = mat(linear_scratch_, w.dtype, x.rows, x.cols);  // [T, K] weight dtype
+      launch_round_rows(x, xw, stream_->get());
+      matmul(xw, w, y);
+    }
+    if (bias) launch_add_bias(y, bias, w.dtype, stream_->get());
   }
   void rope_cache_write(const RopeWriteParams& p) override {
     auto _ = prof_.scope([&] { return "rope_cache_write T=" + std::to_string(p.qkv.rows); }, stream_->get());
@@ -455,8 +484,8 @@ class CudaBackend final : public Backend {
     launch_attention(p, attn_, stream_->get(), invariant_);
   }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
-    if (invariant_ || x.rows > 8 || w.dtype != dtype_ || x.cols != w.cols || out.cols * 2 != w.rows ||
-        out.rows != x.rows)
+    if (invariant_ || x.rows > 8 || (w.dtype != dtype_ && !mixed(w.dtype)) || x.cols != w.cols ||
+        out.cols * 2 != w.rows || out.rows != x.rows)
       return false;
     auto _ = prof_.scope([&] { return "linear_swiglu x " + shape(x) + " w " + shape(w); }, stream_->get());
     return launch_gemv_swiglu(x, w, out, stream_->get());
@@ -528,22 +557,22 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "linear int4 x " + shape(x) + " w " + shape(w); }, stream_->get());
     if (!invariant_ && launch_int4_gemv(x, w, bias, y, stream_->get())) return;
     const size_t need = size_t(w.rows) * size_t(w.cols) * dtype_size(dtype_);
-    if (need > int4_scratch_bytes_)
+    if (need > linear_scratch_bytes_)
       throw Error("cuda backend: linear: the INT4 weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) +
                   "] over " + std::to_string(x.rows) + " rows needs " + std::to_string(need) +
-                  " bytes of dequantization scratch but " + std::to_string(int4_scratch_bytes_) +
-                  " are reserved (Backend::reserve_int4_scratch; a Model reserves what its memory plan counts)");
-    const Mat deq = mat(int4_scratch_, dtype_, w.rows, w.cols);  // [N, K] activation dtype
+                  " bytes of dequantization scratch but " + std::to_string(linear_scratch_bytes_) +
+                  " are reserved (Backend::reserve_linear_scratch; a Model reserves what its memory plan counts)");
+    const Mat deq = mat(linear_scratch_, dtype_, w.rows, w.cols);  // [N, K] activation dtype
     launch_int4_dequant(w, deq, stream_->get());
     matmul(x, deq, y);
-    if (bias) launch_add_bias(y, bias, stream_->get());
+    if (bias) launch_add_bias(y, bias, dtype_, stream_->get());
   }
 
   // y [T, N] = x [T, K] w[N, K]^T. In cuBLASLt's column-major terms: C (N x T) = op(A) B with
-  // A = w read as a K x N matrix (transposed), B = x read as K x T.
+  // A = w read as a K x N matrix (transposed), B = x read as K x T. x and w share a dtype; y is in
+  // theirs or, for 16-bit inputs under f32 activations, f32.
   void matmul(const Mat& x, const Mat& w, const Mat& y) {
-    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
-    const Key key{y.rows, w.rows, w.cols, w.ld, x.ld, y.ld, int(dtype_)};
+    const PlanKey key{y.rows, w.rows, w.cols, w.ld, x.ld, y.ld, int(w.dtype), int(y.dtype)};
     auto it = plans_.find(key);
     if (it == plans_.end()) it = plans_.emplace(key, make_plan(x, w, y)).first;
     const LtPlan& p = *it->second;
@@ -567,15 +596,16 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<LtPlan> make_plan(const Mat& x, const Mat& w, const Mat& y) {
     auto p = std::make_unique<LtPlan>();
-    const cudaDataType_t t = lt_type(dtype_);
-    // f32 stays exact f32 (no TF32); 16-bit types accumulate in f32.
+    const cudaDataType_t t = lt_type(w.dtype), tc = lt_type(y.dtype);
+    // f32 stays exact f32 (no TF32); 16-bit types accumulate in f32 (and may write f32: C and D in
+    // f32 with A and B 16-bit is one of CUBLAS_COMPUTE_32F's combinations).
     check_lt(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
     check_lt(cublasLtMatrixLayoutCreate(&p->a, t, uint64_t(w.cols), uint64_t(w.rows), w.ld), "layout A");
     check_lt(cublasLtMatrixLayoutCreate(&p->b, t, uint64_t(x.cols), uint64_t(x.rows), x.ld), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(y.cols), uint64_t(y.rows), y.ld), "layout C");
+    check_lt(cublasLtMatrixLayoutCreate(&p->c, tc, uint64_t(y.cols), uint64_t(y.rows), y.ld), "layout C");
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     const uint64_t ws = kLtWorkspace;
@@ -587,7 +617,7 @@ class CudaBackend final : public Backend {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
     if (invariant_) {
       cublasLtMatmulPreferenceDestroy(pref);
-      p->algo = invariant_algo(p->op, w);
+      p->algo = invariant_algo(p->op, w, y.dtype);
       cublasLtMatmulHeuristicResult_t chk{};
       if (cublasLtMatmulAlgoCheck(lt_, p->op, p->a, p->b, p->c, p->c, &p->algo, &chk) != CUBLAS_STATUS_SUCCESS ||
           chk.workspaceSize > kLtWorkspace)
@@ -604,7 +634,8 @@ class CudaBackend final : public Backend {
     check_lt(st, "AlgoGetHeuristic");
     if (found == 0)
       throw Error("cublasLt: no algorithm for a " + std::to_string(y.rows) + " x " + std::to_string(w.rows) + " x " +
-                  std::to_string(w.cols) + " " + std::string(dtype_name(dtype_)) + " product");
+                  std::to_string(w.cols) + " " + std::string(dtype_name(w.dtype)) + " product into " +
+                  std::string(dtype_name(y.dtype)));
     p->algo = res[0].algo;
     if (y.rows >= kTuneRows) choose_algo(*p, res, found, x, w, y);
     return p;
@@ -613,16 +644,16 @@ class CudaBackend final : public Backend {
   // Batch-invariant products: one algorithm per weight shape for every row count, cuBLASLt's first
   // heuristic choice for a fixed 128-row product (never timed: the same choice in every process), with
   // split-K off, so each output element is one tile's K loop in one order whatever the call's rows.
-  cublasLtMatmulAlgo_t invariant_algo(cublasLtMatmulDesc_t op, const Mat& w) {
-    const auto key = std::make_tuple(w.rows, w.cols, w.ld);
+  cublasLtMatmulAlgo_t invariant_algo(cublasLtMatmulDesc_t op, const Mat& w, DType y_dtype) {
+    const auto key = std::make_tuple(w.rows, w.cols, w.ld, int(w.dtype), int(y_dtype));
     if (auto it = invariant_algos_.find(key); it != invariant_algos_.end()) return it->second;
     constexpr int64_t kRows = 128;
-    const cudaDataType_t t = lt_type(dtype_);
+    const cudaDataType_t t = lt_type(w.dtype), tc = lt_type(y_dtype);
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatrixLayoutCreate(&a, t, uint64_t(w.cols), uint64_t(w.rows), w.ld), "layout A");
     check_lt(cublasLtMatrixLayoutCreate(&b, t, uint64_t(w.cols), uint64_t(kRows), w.cols), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&c, t, uint64_t(w.rows), uint64_t(kRows), w.rows), "layout C");
+    check_lt(cublasLtMatrixLayoutCreate(&c, tc, uint64_t(w.rows), uint64_t(kRows), w.rows), "layout C");
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     const uint64_t ws = kLtWorkspace;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
@@ -638,7 +669,8 @@ class CudaBackend final : public Backend {
     check_lt(st, "AlgoGetHeuristic");
     if (found == 0)
       throw Error("cublasLt: no batch-invariant algorithm for a " + std::to_string(w.rows) + " x " +
-                  std::to_string(w.cols) + " " + std::string(dtype_name(dtype_)) + " product");
+                  std::to_string(w.cols) + " " + std::string(dtype_name(w.dtype)) + " product into " +
+                  std::string(dtype_name(y_dtype)));
     const int32_t one = 1;
     const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
     check_lt(cublasLtMatmulAlgoConfigSetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one),
@@ -664,9 +696,10 @@ class CudaBackend final : public Backend {
     int64_t bucket = 1;
     while (bucket < y.rows) bucket *= 2;
     static std::mutex mu;
-    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, cublasLtMatmulAlgo_t>
+    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
+                    cublasLtMatmulAlgo_t>
         chosen;
-    const auto key = std::make_tuple(device_, bucket, w.rows, w.cols, w.ld, x.ld, y.ld, int(dtype_));
+    const auto key = std::make_tuple(device_, bucket, w.rows, w.cols, w.ld, x.ld, y.ld, int(w.dtype), int(y.dtype));
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = chosen.find(key); it != chosen.end()) {
       cublasLtMatmulHeuristicResult_t chk{};
@@ -708,9 +741,12 @@ class CudaBackend final : public Backend {
   DType dtype_;
   int device_;
   bool invariant_;  // batch-invariant kernels (make_cuda_backend)
-  std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> invariant_algos_;  // by w rows, cols, ld
-  void* int4_scratch_ = nullptr;  // [rows, cols] of the largest INT4 weight, activation dtype (reserve_int4_scratch)
-  size_t int4_scratch_bytes_ = 0;
+  // by w rows, cols, ld, dtype and y dtype
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, cublasLtMatmulAlgo_t> invariant_algos_;
+  // reserve_linear_scratch: the largest INT4 weight dequantized, [rows, cols] activation dtype, or the
+  // widest x rounded for 16-bit weights under f32 activations, [tokens, cols] weight dtype
+  void* linear_scratch_ = nullptr;
+  size_t linear_scratch_bytes_ = 0;
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;
   cublasLtHandle_t lt_ = nullptr;
@@ -721,7 +757,9 @@ class CudaBackend final : public Backend {
   static constexpr size_t kBulkChunk = size_t(64) << 20;
   void* bulk_[2] = {nullptr, nullptr};           // pinned chunk buffers of upload_bulk
   cudaEvent_t bulk_done_[2] = {nullptr, nullptr};  // DMA out of each buffer finished
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::unique_ptr<LtPlan>> plans_;
+  // by y rows, w rows, cols, ld, x ld, y ld, w dtype (= x dtype), y dtype
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  std::map<PlanKey, std::unique_ptr<LtPlan>> plans_;
   std::mutex mu_;
   std::map<void*, size_t> sizes_;
   size_t current_ = 0, peak_ = 0;

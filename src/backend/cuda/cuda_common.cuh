@@ -143,10 +143,12 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
 // The logprobs op (logprobs.cu): one block per row, no scratch.
 void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
                      float* top_lp, cudaStream_t s);
-// y = x w^T (+bias) for few tokens, bandwidth bound; returns false when the shapes or alignment do not
-// suit it (the caller then uses cuBLASLt).
+// y = x w^T (+bias) for one token, bandwidth bound; x and y in w's dtype, or f32 with 16-bit w (x read
+// unrounded, bias in w's dtype). Returns false when the shapes or alignment do not suit it (the
+// caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
-// out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for few tokens; false when it does not suit.
+// out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for one token (dtypes as launch_gemv); false
+// when it does not suit.
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s);
 // INT4 weights (int4_linear.cu). Products of up to kInt4DecodeRows tokens read the packed weight in
 // place; wider ones (and act-order weights) dequantize it into a scratch for cuBLASLt.
@@ -162,8 +164,11 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
 bool launch_int4_gemv_mma(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
-// Adds bias [N] (dtype of y) to every row of y.
-void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s);
+// Adds bias [N] (in bias_dtype) to every row of y.
+void launch_add_bias(const Mat& y, const void* bias, DType bias_dtype, cudaStream_t s);
+// dst = src rounded to nearest even: f32 rows into f16 or bf16 ones of the same shape (x of a
+// multi-token product of 16-bit weights under f32 activations, for cuBLASLt).
+void launch_round_rows(const Mat& src, const Mat& dst, cudaStream_t s);
 // Linear attention (linear_attention.cu): causal conv1d + SiLU, the gated delta rule, the gated RMSNorm.
 void launch_causal_conv1d(const CausalConv1dParams& p, cudaStream_t s);
 // batch_invariant: the token-sequential kernel only (the chunked one rounds otherwise and takes long runs only).

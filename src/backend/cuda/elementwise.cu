@@ -1,4 +1,5 @@
-// Small element-wise and row ops: SwiGLU, the sigmoid gate, row gather, bias add and greedy argmax.
+// Small element-wise and row ops: SwiGLU, the sigmoid gate, row gather, bias add, f32 rows rounded to
+// 16 bits and greedy argmax.
 #include <algorithm>
 #include <cfloat>
 
@@ -105,6 +106,7 @@ struct BiasArgs {
   void* y;
   int64_t y_ld, cols, rows;
   const void* bias;
+  DType bias_dtype;  // y's, or the 16-bit weights' under f32 activations
 };
 
 template <typename T>
@@ -115,7 +117,26 @@ __global__ void add_bias_kernel(BiasArgs a) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = k / a.cols, n = k - t * a.cols;
     T* y = static_cast<T*>(a.y) + t * a.y_ld + n;
-    *y = from_f<T>(to_f(*y) + to_f(static_cast<const T*>(a.bias)[n]));
+    *y = from_f<T>(to_f(*y) + load_any(a.bias, a.bias_dtype, n));
+  }
+}
+
+struct RoundArgs {
+  const float* src;
+  int64_t src_ld;
+  void* dst;
+  int64_t dst_ld, rows, cols;
+};
+
+// dst = src rounded to nearest even in D (f16 or bf16), element by element.
+template <typename D>
+__global__ void round_rows_kernel(RoundArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t total = a.rows * a.cols;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / a.cols, n = k - t * a.cols;
+    static_cast<D*>(a.dst)[t * a.dst_ld + n] = from_f<D>(a.src[t * a.src_ld + n]);
   }
 }
 
@@ -263,13 +284,25 @@ void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int
   launch("feed_picks_kernel", feed_picks_kernel, dim3(grid_for(n, 256)), dim3(256), 0, s, a);
 }
 
-void launch_add_bias(const Mat& y, const void* bias, cudaStream_t s) {
+void launch_add_bias(const Mat& y, const void* bias, DType bias_dtype, cudaStream_t s) {
   if (y.rows == 0) return;
-  BiasArgs a{y.data, y.ld, y.cols, y.rows, bias};
+  BiasArgs a{y.data, y.ld, y.cols, y.rows, bias, bias_dtype};
   dispatch(y.dtype, "add_bias", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     launch("add_bias_kernel", add_bias_kernel<T>, dim3(grid_for(y.rows * y.cols, 256)), dim3(256), 0, s, a);
   });
+}
+
+void launch_round_rows(const Mat& src, const Mat& dst, cudaStream_t s) {
+  if (src.dtype != DType::F32 || (dst.dtype != DType::F16 && dst.dtype != DType::BF16))
+    throw Error("cuda backend: rounding rows takes f32 to f16 or bf16, not " + std::string(dtype_name(src.dtype)) +
+                " to " + std::string(dtype_name(dst.dtype)));
+  if (src.rows != dst.rows || src.cols != dst.cols) throw Error("cuda backend: rounding rows: shape mismatch");
+  if (src.rows == 0) return;
+  RoundArgs a{static_cast<const float*>(src.data), src.ld, dst.data, dst.ld, src.rows, src.cols};
+  const dim3 grid(grid_for(src.rows * src.cols, 256));
+  if (dst.dtype == DType::F16) launch("round_rows_kernel", round_rows_kernel<__half>, grid, dim3(256), 0, s, a);
+  else launch("round_rows_kernel", round_rows_kernel<__nv_bfloat16>, grid, dim3(256), 0, s, a);
 }
 
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s) {

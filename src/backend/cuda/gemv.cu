@@ -6,7 +6,9 @@
 // gate/up product and its activation are one kernel for decode.
 // Weights depend on no earlier kernel, so the head of each row is prefetched into L2 before waiting
 // for the previous kernel (programmatic dependent launch): the stream's ramp-up overlaps its drain.
-// Accumulation is f32 in a fixed order, so results do not depend on launch or graph replay.
+// Accumulation is f32 in a fixed order, so results do not depend on launch or graph replay. On a
+// backend of f32 activations with 16-bit weights x and y are f32 (the kernel's Tx): x is read as it is,
+// so the product differs from the CPU backend's only in summation order.
 //
 // The shape of the split (S, U, R, and whether the next step's loads are issued before this step's
 // math) follows K; it was chosen on the H200 by bench/gemv_lab.cu (2026-12-02, bf16, one launch per
@@ -23,10 +25,10 @@ namespace {
 
 using gemv::GemvArgs;
 
-template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu>
+template <typename T, typename Tx, int S, int U, int R, bool kPipe, bool kSwiglu>
 void launch_shape(const GemvArgs& a, cudaStream_t s) {
   const unsigned blocks = unsigned((a.N + R - 1) / R);
-  launch("gemv_kernel", gemv::kernel<T, S, U, R, kPipe, kSwiglu>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+  launch("gemv_kernel", gemv::kernel<T, S, U, R, kPipe, kSwiglu, Tx>, dim3(blocks), dim3(R * S * 32), 0, s, a);
 }
 
 // The split for K (measured, see the header): short rows one warp each with the loads pipelined,
@@ -39,37 +41,42 @@ bool one_warp_per_row() {
   return on;
 }
 
-template <typename T, bool kSwiglu>
+// The split follows K and the weight's type alone: f32 x beside 16-bit w takes the 16-bit split.
+template <typename T, typename Tx, bool kSwiglu>
 void launch_for_k(const GemvArgs& a, cudaStream_t s) {
-  if (one_warp_per_row()) return launch_shape<T, 1, 4, 4, false, kSwiglu>(a, s);
+  if (one_warp_per_row()) return launch_shape<T, Tx, 1, 4, 4, false, kSwiglu>(a, s);
   if constexpr (kSwiglu) {
-    if (a.K <= 1024) return launch_shape<T, 1, 2, 4, true, true>(a, s);
-    if (a.K <= 2048) return launch_shape<T, 2, 2, 2, true, true>(a, s);
-    return launch_shape<T, 4, 2, 1, true, true>(a, s);
+    if (a.K <= 1024) return launch_shape<T, Tx, 1, 2, 4, true, true>(a, s);
+    if (a.K <= 2048) return launch_shape<T, Tx, 2, 2, 2, true, true>(a, s);
+    return launch_shape<T, Tx, 4, 2, 1, true, true>(a, s);
   } else {
-    if (a.K <= 1024) return launch_shape<T, 1, 4, 4, true, false>(a, s);
-    if (a.K <= 2048) return launch_shape<T, 2, 4, 2, false, false>(a, s);
-    return launch_shape<T, 4, 4, 2, false, false>(a, s);
+    if (a.K <= 1024) return launch_shape<T, Tx, 1, 4, 4, true, false>(a, s);
+    if (a.K <= 2048) return launch_shape<T, Tx, 2, 4, 2, false, false>(a, s);
+    return launch_shape<T, Tx, 4, 4, 2, false, false>(a, s);
   }
 }
 
+// w's dtype picks T; x in it (Tx = T) or f32 (Tx = float, 16-bit w only: gemv_suits checked).
 template <bool kSwiglu>
-void launch_any(DType dt, const GemvArgs& a, cudaStream_t s) {
-  dispatch(dt, "linear", [&](auto* tag) {
+void launch_any(DType wdt, DType xdt, const GemvArgs& a, cudaStream_t s) {
+  dispatch(wdt, "linear", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    launch_for_k<T, kSwiglu>(a, s);
+    if (xdt == wdt) launch_for_k<T, T, kSwiglu>(a, s);
+    else launch_for_k<T, float, kSwiglu>(a, s);
   });
 }
 
 // Whether the GEMV kernel takes x [T, K], w [rows, K] and y: one token (on the H200, Qwen3-8B shapes,
 // bf16, 2026-12-02, cuBLASLt was faster from two tokens on, and far faster at eight: decode tok/s at
-// batch 2/4/8 377/749/1,435 against 358/605/596 for a multi-token GEMV), one dtype, 16-byte rows.
+// batch 2/4/8 377/749/1,435 against 358/605/596 for a multi-token GEMV), x and y in w's dtype or f32
+// beside a 16-bit w, 16-byte rows.
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
-  if (x.rows != 1 || x.dtype != w.dtype || y.dtype != w.dtype) return false;
+  if (x.rows != 1 || y.dtype != x.dtype) return false;
+  const bool wide_x = x.dtype == DType::F32 && (w.dtype == DType::F16 || w.dtype == DType::BF16);
+  if (x.dtype != w.dtype && !wide_x) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
-  const size_t es = dtype_size(w.dtype);
-  return w.cols % V == 0 && aligned16(w.data, w.ld, es) && aligned16(x.data, x.ld, es) && w.rows <= INT32_MAX &&
-         w.cols <= INT32_MAX;
+  return w.cols % V == 0 && aligned16(w.data, w.ld, dtype_size(w.dtype)) &&
+         aligned16(x.data, x.ld, dtype_size(x.dtype)) && w.rows <= INT32_MAX && w.cols <= INT32_MAX;
 }
 
 }  // namespace
@@ -77,7 +84,7 @@ bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
   if (!gemv_suits(x, w, y)) return false;
   const GemvArgs a{x.data, w.data, w.ld, bias, y.data, int(w.rows), int(w.cols)};
-  launch_any<false>(w.dtype, a, s);
+  launch_any<false>(w.dtype, x.dtype, a, s);
   return true;
 }
 
@@ -85,7 +92,7 @@ bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cuda
   if (!gemv_suits(x, w_gate_up, out) || w_gate_up.rows % 2 != 0) return false;
   const GemvArgs a{x.data, w_gate_up.data, w_gate_up.ld, nullptr, out.data, int(w_gate_up.rows / 2),
                    int(w_gate_up.cols)};
-  launch_any<true>(w_gate_up.dtype, a, s);
+  launch_any<true>(w_gate_up.dtype, x.dtype, a, s);
   return true;
 }
 

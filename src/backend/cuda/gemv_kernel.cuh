@@ -3,6 +3,8 @@
 // per lane, R rows per block, kPipe the next step's loads issued before this step's math. gemv.cu picks
 // the instance by K; bench/gemv_lab.cu times the instances against each other (how gemv.cu's choice
 // was made). Accumulation is f32 in a fixed order, so results do not depend on launch or graph replay.
+// Tx is the activation type of x and y: T itself, or f32 with 16-bit weights (the CUDA backend of f32
+// activations), where x is read unrounded and the weight widened in registers as the CPU backend does.
 #pragma once
 #include "backend/cuda/vec.cuh"
 
@@ -11,18 +13,18 @@ namespace ingot::cuda::gemv {
 constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait
 
 struct GemvArgs {
-  const void* x;     // [K]
-  const void* w;     // [N (2N with SwiGLU), K], w_ld elements between rows
+  const void* x;     // [K] Tx
+  const void* w;     // [N (2N with SwiGLU), K] T, w_ld elements between rows
   int64_t w_ld;
-  const void* bias;  // [N] or null
-  void* y;           // [N]
+  const void* bias;  // [N] T or null
+  void* y;           // [N] Tx
   int N, K;
 };
 
 // kSwiglu: the warp computes gate row n and up row n + N of w ([2N, K]) and writes
-// silu(gate) * up, each rounded to T first exactly as linear followed by swiglu would round them.
+// silu(gate) * up, each rounded to Tx first exactly as linear followed by swiglu would round them.
 // kPipe: the next step's loads are issued before this step's math (two register buffers).
-template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu>
+template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu, typename Tx = T>
 __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte load
   constexpr int RW = kSwiglu ? 2 : 1;     // weight rows per output
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   }
   pdl_wait();
   pdl_trigger();
-  const T* x = static_cast<const T*>(a.x);
+  const Tx* x = static_cast<const Tx*>(a.x);
   float acc[RW];
 #pragma unroll
   for (int q = 0; q < RW; ++q) acc[q] = 0.f;
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
       const int kk = k + u * step;
       if (tail && kk >= a.K) break;
       float xv[V];
-      load_f<T, V, true>(x + kk, xv);
+      load_row<Tx, V>(x + kk, xv);  // one 16-byte load for Tx = T, two for f32 x beside 16-bit w
 #pragma unroll
       for (int q = 0; q < RW; ++q) {
         float wv[V];
@@ -123,13 +125,13 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   if (lane != 0 || n >= a.N) return;
   float v;
   if constexpr (kSwiglu) {
-    const float g = to_f(from_f<T>(acc[0])), u = to_f(from_f<T>(acc[1]));
+    const float g = to_f(from_f<Tx>(acc[0])), u = to_f(from_f<Tx>(acc[1]));
     v = silu_mul(g, u);
   } else {
     v = acc[0];
     if (a.bias) v += to_f(static_cast<const T*>(a.bias)[n]);
   }
-  static_cast<T*>(a.y)[n] = from_f<T>(v);
+  static_cast<Tx*>(a.y)[n] = from_f<Tx>(v);
 }
 
 }  // namespace ingot::cuda::gemv

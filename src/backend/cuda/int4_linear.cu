@@ -277,9 +277,13 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
   if (w.ld * 2 != w.cols)
     throw Error(std::string("cuda backend: ") + op + ": an INT4 weight of " + std::to_string(w.cols) +
                 " columns has rows of " + std::to_string(w.cols / 2) + " bytes, not " + std::to_string(w.ld));
+  // A 16-bit engine on a backend of f32 activations: its INT4 kernels read scales and x of one dtype.
   if (q.dtype != scale_dtype)
     throw Error(std::string("cuda backend: ") + op + ": INT4 scales are " + std::string(dtype_name(q.dtype)) +
-                " on a " + std::string(dtype_name(scale_dtype)) + " backend; build the engine in the backend's dtype");
+                " on a " + std::string(dtype_name(scale_dtype)) + " backend; " +
+                (scale_dtype == DType::F32 && q.dtype != DType::F32
+                     ? "INT4 weights need 16-bit activations, drop --activations f32"
+                     : "build the engine in the backend's dtype"));
   if (!aligned16(w.data, w.ld, 1))
     throw Error(std::string("cuda backend: ") + op + ": INT4 weight rows must start on 16-byte boundaries");
   if (w.rows > INT32_MAX || w.cols > INT32_MAX)
