@@ -352,7 +352,7 @@ TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
     if (int4_quantizable(w)) largest = std::max(largest, size_t(w.shape[0] * w.shape[1]) * 4);
   ASSERT_GT(largest, 0u);
   RuntimeOptions rt = bounds(2, 16);  // up to 32 tokens per forward
-  const MemoryPlan p = plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be);
+  const MemoryPlan p = plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &*e.quant, &be);
   EXPECT_EQ(p.weights, e.weight_bytes());
   EXPECT_EQ(p.weights, engine_weight_bytes(e.spec, e.weight_dtype, 32));
   EXPECT_LT(p.weights, engine_weight_bytes(e.spec, e.weight_dtype));
@@ -365,11 +365,50 @@ TEST(Int4Backend, TheMemoryPlanCountsPackedWeightsAndTheBackendsScratch) {
     EXPECT_EQ(m.workspace_bytes(), p.workspace);
   }
   rt.max_tokens = 16;
-  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 32, &be).ws.linear_scratch, 0u);
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &*e.quant, &be).ws.linear_scratch, 0u);
   // The CPU backend reads the packed rows directly.
   auto cpu = make_cpu_backend(1);
   rt.max_tokens = 0;
-  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, cpu->activation_dtype(), rt, true, 32, cpu.get()).ws.linear_scratch, 0u);
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, cpu->activation_dtype(), rt, true, &*e.quant, cpu.get()).ws.linear_scratch, 0u);
+}
+
+// The plan follows the engine's own list of INT4 weights: an LM head quantized with
+// --quantize-lm-head asks for its scratch too (the largest weight there: vocabulary x hidden), at the
+// logits rows of one pass, and act-order weights (a permutation the decode kernel does not take) ask
+// for theirs at any token count. Planned from the group size alone, the head was counted as 16-bit and
+// an INT4 head over more rows than the decode kernel takes was refused at its first such forward.
+TEST(Int4Backend, TheMemoryPlanFollowsTheEnginesInt4WeightsIncludingTheHeadAndActOrder) {
+  BuildOptions bo;
+  bo.int4_group_size = 32;
+  bo.quantize_lm_head = true;
+  const Engine e = build_engine(test::fixture("llama3"), bo);
+  ASSERT_TRUE(e.quant.has_value());
+  ASSERT_NE(std::find(e.quant->tensors.begin(), e.quant->tensors.end(), "lm_head"), e.quant->tensors.end());
+  size_t head = 0, layers = 0;
+  const WeightTable table = weight_table(e.spec);  // entries() refers into it
+  for (const WeightSpec& w : table.entries()) {
+    if (w.shape.size() != 2) continue;
+    const size_t bytes = size_t(w.shape[0] * w.shape[1]) * 4;
+    if (w.name == "lm_head") head = bytes;
+    else if (int4_quantizable(w)) layers = std::max(layers, bytes);
+  }
+  ASSERT_GT(head, layers);  // the head is the largest weight of this fixture
+  WrappedCpu be(true);
+  RuntimeOptions rt = bounds(2, 16);
+  rt.max_tokens = 32;
+  rt.max_logit_rows = 32;  // a pass of 32 logits rows through the INT4 head
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &*e.quant, &be).ws.linear_scratch,
+            head);
+  rt.max_logit_rows = 16;  // the head within the decode kernel's rows: the layers' products only
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &*e.quant, &be).ws.linear_scratch,
+            layers);
+  rt.max_tokens = 16;  // nothing past the decode kernel's rows
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &*e.quant, &be).ws.linear_scratch,
+            0u);
+  QuantConfig act_order = *e.quant;
+  act_order.act_order = true;
+  EXPECT_EQ(plan_memory(e.spec, e.weight_dtype, be.activation_dtype(), rt, be.host_memory(), &act_order, &be).ws.linear_scratch,
+            head);
 }
 
 TEST(Int4Cli, BuildInspectAndGenerateAgreeWithQuantizingAFolder) {

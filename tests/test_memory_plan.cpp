@@ -70,7 +70,7 @@ TEST(MemoryPlan, CountsTheScratchOfSixteenBitProductsUnderF32Activations) {
     RuntimeOptions rt;
     rt.max_batch = 2;
     rt.capacity = 16;  // up to 32 tokens per forward
-    const MemoryPlan p = plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 0, &be);
+    const MemoryPlan p = plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), nullptr, &be);
     int64_t widest = std::max({s.hidden, s.q_dim(), s.intermediate});
     if (s.has_linear_layers()) widest = std::max(widest, s.linear.value_width());
     EXPECT_EQ(p.options.max_tokens, 32);
@@ -82,10 +82,10 @@ TEST(MemoryPlan, CountsTheScratchOfSixteenBitProductsUnderF32Activations) {
       EXPECT_EQ(m.workspace_bytes(), p.workspace);
     }
     rt.max_tokens = 1;  // one-token products read x as it is
-    EXPECT_EQ(plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), 0, &be).ws.linear_scratch, 0u);
+    EXPECT_EQ(plan_memory(s, eng.weight_dtype, be.activation_dtype(), rt, be.host_memory(), nullptr, &be).ws.linear_scratch, 0u);
     auto cpu = make_cpu_backend(1);
     rt.max_tokens = 0;
-    EXPECT_EQ(plan_memory(s, eng.weight_dtype, cpu->activation_dtype(), rt, true, 0, cpu.get()).ws.linear_scratch, 0u);
+    EXPECT_EQ(plan_memory(s, eng.weight_dtype, cpu->activation_dtype(), rt, true, nullptr, cpu.get()).ws.linear_scratch, 0u);
   }
 }
 

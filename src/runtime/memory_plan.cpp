@@ -92,7 +92,7 @@ size_t engine_weight_bytes(const ModelSpec& spec, DType dtype, int64_t int4_grou
 }
 
 MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const RuntimeOptions& options,
-                       bool weights_in_place, int64_t int4_group_size, const Backend* be) {
+                       bool weights_in_place, const QuantConfig* quant, const Backend* be) {
   MemoryPlan p;
   RuntimeOptions& o = p.options;
   o = options;
@@ -105,7 +105,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   if (o.max_tokens == 0) o.max_tokens = std::min<int64_t>(int64_t(o.max_batch) * o.capacity, 4096);
   if (o.max_logit_rows == 0) o.max_logit_rows = std::max<int64_t>(o.max_batch, 64);
   p.activation_dtype = adt;
-  p.weights = engine_weight_bytes(s, weight_dtype, int4_group_size);
+  p.weights = engine_weight_bytes(s, weight_dtype, quant ? quant->group_size : 0);
   p.weights_in_place = weights_in_place;
 
   Sizes z;
@@ -137,11 +137,13 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
     const WeightTable table = weight_table(s);
     for (const WeightSpec& ws : table.entries()) {
       if (!linear_weight(s, ws) || ws.shape.size() != 2) continue;
-      const bool int4 = int4_group_size > 0 && int4_quantizable(ws);
+      // As the engine holds it: its INT4 weights are the ones QuantConfig names (the layers' linear
+      // weights, and the LM head with --quantize-lm-head), each with its act-order permutation if any.
+      const bool int4 = quant && std::find(quant->tensors.begin(), quant->tensors.end(), ws.name) != quant->tensors.end();
       // The LM head reads the gathered rows of one pass, never more than the forward's tokens.
       const int64_t tokens = ws.layer < 0 ? std::min(T, L) : T;
       w.linear_scratch = std::max(w.linear_scratch, be->linear_scratch_bytes(int4 ? DType::U8 : ws.dtype(weight_dtype),
-                                                                             ws.shape[0], ws.shape[1], tokens, false));
+                                                                             ws.shape[0], ws.shape[1], tokens, int4 && quant->act_order));
     }
   }
   if (s.tp.world > 1) {

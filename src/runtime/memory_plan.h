@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "quant/int4.h"
 #include "models/spec.h"
 #include "models/state_layout.h"
 
@@ -75,11 +76,13 @@ size_t engine_weight_bytes(const ModelSpec& spec, DType dtype, int64_t int4_grou
 
 // Resolves the options' defaults, refuses options no run could use (each limit named) and sums what a
 // Model over these will allocate. Throws Error when a figure exceeds the 64-bit address space.
-// int4_group_size > 0: the engine's linear weights are INT4 of that group (counted packed); `be`, when
-// given, says how much scratch its linear needs (WorkspacePlan::linear_scratch).
+// quant, when given: the engine's INT4 weights (QuantConfig::tensors; the layers' linear weights
+// counted packed at its group size); `be`, when given, says how much scratch its linear needs for each
+// weight as the engine holds it (WorkspacePlan::linear_scratch: an INT4 LM head, act-order INT4
+// weights and 16-bit weights under f32 activations included).
 class Backend;
 MemoryPlan plan_memory(const ModelSpec& spec, DType weight_dtype, DType activation_dtype, const RuntimeOptions& options,
-                       bool weights_in_place = false, int64_t int4_group_size = 0, const Backend* be = nullptr);
+                       bool weights_in_place = false, const QuantConfig* quant = nullptr, const Backend* be = nullptr);
 
 // Throws Error with both figures (what `plan` needs, broken into weights, cache and workspace, and
 // what `where` has free) when it does not fit; does nothing when `available` is unknown.

@@ -32,7 +32,7 @@ MemoryPlan checked_plan(const Engine& engine, Backend& be, const RuntimeOptions&
                 std::string(dtype_name(engine.weight_dtype)) + " scales and this backend computes in " +
                 std::string(dtype_name(be.activation_dtype())) + "; INT4 weights need 16-bit activations, drop --activations f32");
   MemoryPlan plan = plan_memory(engine.spec, engine.weight_dtype, be.activation_dtype(), options, be.host_memory(),
-                                engine.quant ? engine.quant->group_size : 0, &be);
+                                engine.quant ? &*engine.quant : nullptr, &be);
   check_fits(plan, be.available_memory_bytes(), be.host_memory() ? "host memory" : be.name() + " device memory");
   return plan;
 }
