@@ -31,7 +31,11 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadsPerBlock = 8;
-constexpr int kMinChunksPerSlice = 2;
+// One chunk per slice at least: at short decode contexts (~190 keys, Qwen3 shapes, batch 1) two chunks
+// per slice left 3 of the 12 slices busy and one slice had to stream 64 keys alone; with one, 6 slices
+// share them. Measured on the H200 (2026-12-02, bf16, prompt 128 + 256 new, `ingot bench`, one call):
+// Qwen3-0.6B 1,095.0 -> 1,117.6 tok/s, Qwen3-8B 226.1 -> 228.1 (with the early K/V copies below).
+constexpr int kMinChunksPerSlice = 1;
 // Slices per (token, head group): the merging block reads every partial, so more slices lengthen
 // the serial tail of the call.
 constexpr int kMaxSlices = 128;
@@ -56,6 +60,12 @@ struct AttnArgs {
   float* part_acc;  // [T, q_heads, slices, head_dim] unnormalised accumulators of the slices
   float* part_ml;   // [T, q_heads, slices, 2] their (max, sum), max in base-2 units
   int* counters;    // [T, q_heads / heads_per_block] finished slices, zero between uses
+  int min_chunks;     // each active slice gets at least this many chunks (kMinChunksPerSlice by default)
+  // 1: every row brings one token (decode), so the only key this call wrote is the row's last (slot[t]);
+  // the fast kernel issues the copies of the other keys before waiting for the previous kernel, so
+  // their DRAM round trip overlaps that kernel's tail (same call as kMinChunksPerSlice's figures:
+  // Qwen3-0.6B 1,081.1 -> 1,095.0 tok/s, Qwen3-8B 225.2 -> 226.1; both changes 1,117.6 and 228.1).
+  int early_kv;
 };
 
 __device__ __forceinline__ float ex2(float x) {
@@ -168,10 +178,10 @@ __device__ Work block_work(const AttnArgs& a) {
   if (n <= 0) return w;
   // Equal runs of whole chunks over what is visible now, so every slice gets work when the context is
   // short and the grid was sized for the capacity.
-  // At least kMinChunksPerSlice chunks per slice: below that, each slice's fixed cost (pipeline fill,
+  // At least min_chunks (kMinChunksPerSlice) chunks per slice: below that, each slice's fixed cost (pipeline fill,
   // partial write, its share of the merge) outweighs the keys it reads.
   const int per_slice = (n + a.slices - 1) / a.slices;
-  const int per = max((per_slice + a.chunk - 1) / a.chunk, kMinChunksPerSlice) * a.chunk;
+  const int per = max((per_slice + a.chunk - 1) / a.chunk, a.min_chunks) * a.chunk;
   w.active = (n + per - 1) / per;
   const int64_t s0 = lo + int64_t(blockIdx.z) * per;
   w.s0 = s0 < hi ? int(s0) : hi;
@@ -344,23 +354,18 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
   // The work split reads only the call's metadata (rows, slots, lengths), which the host uploads
   // before the step and no kernel writes: it runs before the wait, under the previous kernel's tail.
   const Work w = block_work(a);
-  pdl_wait();
-  pdl_trigger();
-  if (w.active == 0) {
-    if (blockIdx.z == 0) write_zeros<T>(a, w);
-    return;
-  }
-  if (int(blockIdx.z) >= w.active) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, kg = threadIdx.x / LPK, sl = lane % LPK;
   const int H = w.H;
   T* const stages = reinterpret_cast<T*>(dyn_smem());
 
-  // Issue the copies of chunk `c` into its stage; rows past s1 are zero-filled, not read.
+  // Issue the copies of chunk `c` into its stage; rows past s1 are zero-filled, not read. part: 0 every
+  // row; 1 only the rows below `fresh` (keys earlier steps wrote), nothing else written; 2 the rest.
   const int64_t base = int64_t(a.row[w.t]) * a.batch_stride + int64_t(w.kvh) * a.head_stride;
   const T* kb = static_cast<const T*>(a.k) + base;
   const T* vb = static_cast<const T*>(a.v) + base;
   const int cv = threadIdx.x % C::RV, cr = threadIdx.x / C::RV;
-  auto issue = [&](int c) {
+  const int fresh = a.early_kv ? a.slot[w.t] : 0;  // the one key this call wrote (decode)
+  auto issue = [&](int c, int part) {
     T* sk = stages + size_t(c % C::STAGES) * (C::STAGE / sizeof(T));
     T* sv = sk + C::CHUNK * D;
     const int j0 = w.s0 + c * C::CHUNK;
@@ -368,15 +373,32 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
     for (int i = 0; i < C::COPIES; ++i) {
       const int r = cr + i * (kThreads / C::RV);
       const bool ok = j0 + r < w.s1;
+      const bool old = ok && j0 + r < fresh;
+      if ((part == 1 && !old) || (part == 2 && old)) continue;
       const int64_t off = int64_t(ok ? j0 + r : w.s0) * a.slot_stride + cv * VEC;
       cp_async16(sk + r * D + cv * VEC, kb + off, ok);
       cp_async16(sv + r * D + cv * VEC, vb + off, ok);
     }
   };
   const int nch = (w.s1 - w.s0 + C::CHUNK - 1) / C::CHUNK;
+  const bool mine = w.active > 0 && int(blockIdx.z) < w.active;
+  // Decode: the keys earlier steps wrote depend on no kernel of this step, so their copies go out
+  // before the wait (uncommitted: each joins its chunk's group below, so the waits' count is unchanged).
+  if (a.early_kv && mine) {
+#pragma unroll
+    for (int c = 0; c < C::STAGES - 1; ++c)
+      if (c < nch) issue(c, 1);
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (w.active == 0) {
+    if (blockIdx.z == 0) write_zeros<T>(a, w);
+    return;
+  }
+  if (!mine) return;
 #pragma unroll
   for (int c = 0; c < C::STAGES - 1; ++c) {
-    if (c < nch) issue(c);
+    if (c < nch) issue(c, a.early_kv ? 2 : 0);
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits below
   }
 
@@ -402,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<C::STAGES - 2>();  // chunk c has landed (this thread's copies)
     __syncthreads();                 // everyone's copies, and everyone is done with chunk c - 1's stage
-    if (c + C::STAGES - 1 < nch) issue(c + C::STAGES - 1);
+    if (c + C::STAGES - 1 < nch) issue(c + C::STAGES - 1, 0);
     cp_async_commit();
     const T* sk = stages + size_t(c % C::STAGES) * (C::STAGE / sizeof(T));
     const T* sv = sk + C::CHUNK * D;
@@ -728,6 +750,12 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
              p.scale * kLog2e, p.meta.row, p.meta.slot, p.meta.kv_len, p.cache.k, p.cache.v, p.cache.batch_stride,
              p.cache.head_stride, p.cache.slot_stride, 1, 1, 0, nullptr, nullptr, nullptr};
   a.slices = batch_invariant ? 1 : 0;
+  // A/B knobs (docs/cuda-backend.md): INGOT_CUDA_ATTN_MIN_CHUNKS (chunks per slice at least) and
+  // INGOT_CUDA_ATTN_EARLY_KV=0 (every copy after the wait, as before).
+  static const int min_chunks = std::max(1, env_knob("INGOT_CUDA_ATTN_MIN_CHUNKS", kMinChunksPerSlice));
+  static const bool early_kv = env_knob("INGOT_CUDA_ATTN_EARLY_KV", 1) != 0;
+  a.min_chunks = min_chunks;
+  a.early_kv = early_kv && p.rows == ntok && pdl_enabled();
   dispatch(p.q.dtype, "attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (fast) {
