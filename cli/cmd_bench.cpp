@@ -148,21 +148,7 @@ void add_bench(CLI::App& app) {
       }
     }
     // Everything a run will ask for is checked before the engine is built, generated or verified.
-    LoadSpec ls;
-    ls.model_dir = a->model.model_dir;
-    ls.engine_path = a->model.engine_path;
-    ls.config_path = a->config;
-    ls.random_seed = a->seed;
-    ls.device = a->model.device;
-    ls.dtype = a->model.dtype;
-    ls.activations = a->model.activations;
-    ls.threads = a->model.threads;
-    ls.batch_invariant = a->model.batch_invariant;
-    ls.verify = !a->model.no_verify;
-    ls.int4_group_size = int4_group_option(a->model.quantize, a->model.group_size);
-    ls.calibration_text = a->model.calibration;
-    ls.calibration_ids = a->model.calibration_ids;
-    ls.quantize_lm_head = a->model.quantize_lm_head;
+    LoadSpec ls = a->model.load_spec(a->config, a->seed);
     ProgressBar bar("verifying", a->model.quiet);
     ls.progress = bar.fn();
     LoadPlan plan(ls);

@@ -82,12 +82,17 @@ std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t gr
   return group_size ? group_size : kDefaultInt4Group;
 }
 
-LoadSpec ModelArgs::load_spec() const {
-  if (model_dir.empty() == engine_path.empty()) throw Error("give exactly one of --model DIR or --engine FILE");
+LoadSpec ModelArgs::load_spec(const std::string& config_path, uint64_t seed) const {
+  if (int(!model_dir.empty()) + int(!engine_path.empty()) + int(!config_path.empty()) != 1)
+    throw Error(config_path.empty() && model_dir.empty() == engine_path.empty()
+                    ? "give exactly one of --model DIR or --engine FILE"
+                    : "give exactly one of --model DIR, --engine FILE or --config FILE");
   check_tp();
   LoadSpec s;
   s.model_dir = model_dir;
   s.engine_path = engine_path;
+  s.config_path = config_path;
+  s.random_seed = seed;
   s.device = device;
   s.dtype = dtype;
   s.activations = activations;

@@ -33,8 +33,9 @@ struct ModelArgs {
   void add_tp_option(CLI::App& app);
   bool tp_given() const { return tp_option && tp_option->count() > 0; }
   const std::string& source_name() const { return engine_path.empty() ? model_dir : engine_path; }
-  // What the runtime's loader needs (no progress callback).
-  LoadSpec load_spec() const;
+  // What the runtime's loader needs (no progress callback). config_path: bench's --config (random
+  // weights of its shapes, seeded by `seed`), the third source where a command offers it.
+  LoadSpec load_spec(const std::string& config_path = {}, uint64_t seed = 0) const;
   // --tp N --device cuda: refuses a build without CUDA or NCCL and a machine with fewer than N GPUs,
   // before anything is read; the rest of --tp is checked against the model by the loader (LoadPlan::fit).
   void check_tp() const;
