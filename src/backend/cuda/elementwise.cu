@@ -9,6 +9,17 @@
 namespace ingot::cuda {
 namespace {
 
+// Calls f(t, i) for every element of a [rows, cols] grid, the launch's threads striding over them (the
+// element-wise kernels below run on any grid size; their launchers cap it).
+template <typename F>
+__device__ __forceinline__ void for_each_element(int64_t rows, int64_t cols, F f) {
+  const int64_t total = rows * cols;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / cols;
+    f(t, k - t * cols);
+  }
+}
+
 struct SwigluArgs {
   const void* gu;
   int64_t gu_ld;
@@ -20,13 +31,11 @@ template <typename T>
 __global__ void swiglu_kernel(SwigluArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = a.rows * a.inter;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = k / a.inter, i = k - t * a.inter;
+  for_each_element(a.rows, a.inter, [&](int64_t t, int64_t i) {
     const T* g = static_cast<const T*>(a.gu) + t * a.gu_ld;
     const float gv = to_f(g[i]), uv = to_f(g[i + a.inter]);
     static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(silu_mul(gv, uv));
-  }
+  });
 }
 
 // The same, V elements per thread in 16-byte loads and stores, one grid row per token (no index
@@ -62,13 +71,11 @@ template <typename T>
 __global__ void sigmoid_gate_kernel(SigmoidGateArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = a.rows * a.cols;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = k / a.cols, i = k - t * a.cols;
+  for_each_element(a.rows, a.cols, [&](int64_t t, int64_t i) {
     const float xv = to_f(static_cast<const T*>(a.x)[t * a.x_ld + i]);
     const float gv = to_f(static_cast<const T*>(a.gate)[t * a.gate_ld + i]);
     static_cast<T*>(a.out)[t * a.out_ld + i] = from_f<T>(xv * (1.0f / (1.0f + expf(-gv))));
-  }
+  });
 }
 
 struct GatherArgs {
@@ -113,12 +120,10 @@ template <typename T>
 __global__ void add_bias_kernel(BiasArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = a.rows * a.cols;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = k / a.cols, n = k - t * a.cols;
+  for_each_element(a.rows, a.cols, [&](int64_t t, int64_t n) {
     T* y = static_cast<T*>(a.y) + t * a.y_ld + n;
     *y = from_f<T>(to_f(*y) + load_any(a.bias, a.bias_dtype, n));
-  }
+  });
 }
 
 struct RoundArgs {
@@ -133,11 +138,9 @@ template <typename D>
 __global__ void round_rows_kernel(RoundArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = a.rows * a.cols;
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = k / a.cols, n = k - t * a.cols;
+  for_each_element(a.rows, a.cols, [&](int64_t t, int64_t n) {
     static_cast<D*>(a.dst)[t * a.dst_ld + n] = from_f<D>(a.src[t * a.src_ld + n]);
-  }
+  });
 }
 
 struct ArgmaxArgs {
