@@ -83,7 +83,6 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
                 "processes (one per GPU), each of which would load its own rank's file: not implemented yet "
                 "(docs/tensor-parallel.md); load the checkpoint with --model and --tp N --device cuda, or run the "
                 "directory with --device cpu");
-  device_ = resolve_device(s.device);
   const std::optional<DType> requested = s.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(s.dtype));
   if (!s.engine_path.empty() && is_engine_dir(s.engine_path)) {
     dir_ = inspect_tp_engine_dir(s.engine_path);  // the manifest and every rank file's header, no weight read
@@ -112,6 +111,12 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
       throw Error(s.engine_path + ": the engine holds " + std::string(dtype_name(dtype_)) + " weights; --dtype " +
                   s.dtype + " cannot change them (rebuild with `ingot build --dtype " + s.dtype + "`)");
   }
+  // The device, and --activations against it and the weights. An explicit device's activations are
+  // checked first, so a value no GPU run takes is named the same in a build without CUDA.
+  const bool int4 = s.int4_group_size || published_ || (file_ && file_->quant);
+  if (s.device == "cpu" || s.device == "cuda") activation_dtype_ = resolve_activations(s.activations, s.device, dtype_, int4);
+  device_ = resolve_device(s.device);
+  activation_dtype_ = resolve_activations(s.activations, device_, dtype_, int4);
   // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {
     if (!s.engine_path.empty())
@@ -143,8 +148,6 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
                   (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
                   "; the CUDA kernels take powers of two from 32; run it with --device cpu");
   }
-  activation_dtype_ = resolve_activations(s.activations, device_, dtype_,
-                                          s.int4_group_size || published_ || (file_ && file_->quant));
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
   if (device_ == "cpu") host_backend_ = make_cpu_backend(s.threads);
