@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "io/safetensors.h"
@@ -38,14 +39,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
 // `ingot eval-logits` (used for the 16-bit studies) returns each context's last-position logits: on
 // contexts cut from a fixture's rows they equal transformers' logits at those positions, whether the
 // contexts run as prefill or token by token through the decode path (--decode; rows of different
-// lengths share the calls, so rows finish at different steps).
+// lengths share the calls, so rows finish at different steps), on a sliding-window model and on a
+// hybrid one (Qwen3.5: its linear layers' state carried from step to step).
 namespace ingot {
 namespace {
 
-class EvalLogits : public ::testing::TestWithParam<std::string> {};
+class EvalLogits : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(EvalLogits, LastPositionsMatchTransformers) {
-  const std::string dir = test::fixture("qwen3_swa");
+  const std::string dir = test::fixture(std::get<0>(GetParam()));
   Reference ref = load_reference(dir + "/reference.safetensors");
   const int64_t N = ref.rows(), S = ref.seq(), V = ref.vocab();
   HostTensor lengths(DType::I64, {N});
@@ -54,7 +56,7 @@ TEST_P(EvalLogits, LastPositionsMatchTransformers) {
   test::TempDir tmp;
   write_safetensors(tmp.file("ctx.safetensors"), {{"input_ids", ref.input_ids.view()}, {"lengths", lengths.view()}});
   const std::string cmd = std::string(INGOT_BINARY) + " eval-logits --device cpu --model " + dir + " --contexts " +
-                          tmp.file("ctx.safetensors") + " --out " + tmp.file("out.safetensors") + " --max-batch 3 " + GetParam() + " 2>/dev/null";
+                          tmp.file("ctx.safetensors") + " --out " + tmp.file("out.safetensors") + " --max-batch 3 " + std::get<1>(GetParam()) + " 2>/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   SafetensorsFile out(tmp.file("out.safetensors"));
   const TensorEntry* lg = out.find("logits");
@@ -68,11 +70,13 @@ TEST_P(EvalLogits, LastPositionsMatchTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, EvalLogits, ::testing::Values("", "--decode", "--decode --activations f32"),
+INSTANTIATE_TEST_SUITE_P(Paths, EvalLogits,
+                         ::testing::Combine(::testing::Values("qwen3_swa", "qwen3_5_text"),
+                                            ::testing::Values("", "--decode", "--decode --activations f32")),
                          [](const auto& info) {
-                           return info.param.empty() ? std::string("prefill")
-                                                     : info.param.size() > 8 ? std::string("decode_f32")
-                                                                             : std::string("decode");
+                           const std::string& flags = std::get<1>(info.param);
+                           return std::get<0>(info.param) + "_" +
+                                  (flags.empty() ? "prefill" : flags.size() > 8 ? "decode_f32" : "decode");
                          });
 
 }  // namespace
