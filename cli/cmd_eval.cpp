@@ -90,21 +90,22 @@ void add_eval(CLI::App& app) {
         }
         progress(n0 + rows);
       }
-    }
-    for (int64_t n0 = 0; n0 < N && !a->decode;) {
-      Batch b;
-      int64_t tokens = 0;
-      for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[size_t(n)] <= l.model->max_tokens(); ++n) {
-        std::vector<int32_t> t(static_cast<size_t>(len[size_t(n)]));
-        for (int64_t i = 0; i < len[size_t(n)]; ++i) t[size_t(i)] = int32_t(id[size_t(n * S + i)]);
-        b.rows.push_back(BatchRow{int(b.rows.size()), std::move(t), 0, {}, false});
-        tokens += len[size_t(n)];
+    } else {
+      for (int64_t n0 = 0; n0 < N;) {
+        Batch b;
+        int64_t tokens = 0;
+        for (int64_t n = n0; n < N && int64_t(b.rows.size()) < rt.max_batch && tokens + len[size_t(n)] <= l.model->max_tokens(); ++n) {
+          std::vector<int32_t> t(static_cast<size_t>(len[size_t(n)]));
+          for (int64_t i = 0; i < len[size_t(n)]; ++i) t[size_t(i)] = int32_t(id[size_t(n * S + i)]);
+          b.rows.push_back(BatchRow{int(b.rows.size()), std::move(t), 0, {}, false});
+          tokens += len[size_t(n)];
+        }
+        if (b.rows.empty()) throw Error("eval-logits: context " + std::to_string(n0) + " does not fit the workspace");
+        HostTensor lg = l.model->forward(b);
+        std::memcpy(out.as<float>() + n0 * V, lg.data(), lg.nbytes());
+        n0 += int64_t(b.rows.size());
+        progress(n0);
       }
-      if (b.rows.empty()) throw Error("eval-logits: context " + std::to_string(n0) + " does not fit the workspace");
-      HostTensor lg = l.model->forward(b);
-      std::memcpy(out.as<float>() + n0 * V, lg.data(), lg.nbytes());
-      n0 += int64_t(b.rows.size());
-      progress(n0);
     }
     if (!a->model.quiet) std::fprintf(stderr, "\n");
     write_safetensors(a->out, {{"logits", out.view()}},

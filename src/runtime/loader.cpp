@@ -114,9 +114,10 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   // The device, and --activations against it and the weights. An explicit device's activations are
   // checked first, so a value no GPU run takes is named the same in a build without CUDA.
   const bool int4 = s.int4_group_size || published_ || (file_ && file_->quant);
-  if (s.device == "cpu" || s.device == "cuda") activation_dtype_ = resolve_activations(s.activations, s.device, dtype_, int4);
+  const bool named = s.device == "cpu" || s.device == "cuda";  // resolves to itself (or is refused)
+  if (named) activation_dtype_ = resolve_activations(s.activations, s.device, dtype_, int4);
   device_ = resolve_device(s.device);
-  activation_dtype_ = resolve_activations(s.activations, device_, dtype_, int4);
+  if (!named) activation_dtype_ = resolve_activations(s.activations, device_, dtype_, int4);
   // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {
     if (!s.engine_path.empty())

@@ -38,15 +38,13 @@ struct Sizes {
   }
 };
 
-// Whether `w` is the weight of a linear product (Backend::linear): the layers' projections and the
-// LM head, which is the embedding table when the spec ties them.
+// Whether `w` is the weight of a linear product (Backend::linear): the layers' projections (those INT4
+// may take, and Qwen3.5's linear-attention in/out projections, which it does not) and the LM head,
+// which is the embedding table when the spec ties them.
 bool linear_weight(const ModelSpec& s, const WeightSpec& w) {
   if (w.layer < 0)
     return w.model_field == &ModelWeights::lm_head || (s.tie_embeddings && w.model_field == &ModelWeights::embed);
-  for (const DevWeight* LayerWeights::*f : {&LayerWeights::wqkv, &LayerWeights::wo, &LayerWeights::w_gate_up,
-                                            &LayerWeights::w_down, &LayerWeights::lin_in, &LayerWeights::lin_out})
-    if (w.layer_field == f) return true;
-  return false;
+  return int4_quantizable(w) || w.layer_field == &LayerWeights::lin_in || w.layer_field == &LayerWeights::lin_out;
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "quant/int4.h"
 #include "models/spec.h"
 #include "models/state_layout.h"
+#include "quant/int4.h"
 
 namespace ingot {
 

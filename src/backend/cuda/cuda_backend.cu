@@ -254,9 +254,7 @@ class CudaBackend final : public Backend {
   int device_ordinal() const override { return device_; }
   DType activation_dtype() const override { return dtype_; }
   // 16-bit weights on a backend of f32 activations: widened in registers as the CPU backend does.
-  bool mixed(DType weight_dtype) const {
-    return dtype_ == DType::F32 && (weight_dtype == DType::F16 || weight_dtype == DType::BF16);
-  }
+  bool mixed(DType weight_dtype) const { return widened_weights(dtype_, weight_dtype); }
   bool int4_weights() const override { return true; }
   // The INT4 kernels read scales, biases and activations of one dtype.
   bool int4_scales(DType scale_dtype) const override { return scale_dtype == dtype_; }
@@ -461,14 +459,10 @@ class CudaBackend final : public Backend {
     } else {
       // cuBLASLt takes A and B of one type: x is rounded to the weight's dtype (the one rounding of
       // this mode's multi-token products), the product accumulates and is written in f32.
-      const size_t need = size_t(x.rows) * size_t(x.cols) * dtype_size(w.dtype);
-      if (need > linear_scratch_bytes_)
-        throw Error("cuda backend: linear: " + std::to_string(x.rows) + " rows of " + std::to_string(x.cols) +
-                    " f32 activations against " + std::string(dtype_name(w.dtype)) + " weights need " +
-                    std::to_string(need) + " bytes of scratch to round them but " +
-                    std::to_string(linear_scratch_bytes_) +
-                    " are reserved (Backend::reserve_linear_scratch; a Model reserves what its memory plan counts)");
-      const Mat xw = mat(linear_scratch_, w.dtype, x.rows, x.cols);  // [T, K] weight dtype
+      const Mat xw = scratch(w.dtype, x.rows, x.cols,  // [T, K] weight dtype
+                             std::to_string(x.rows) + " rows of " + std::to_string(x.cols) + " f32 activations against " +
+                                 std::string(dtype_name(w.dtype)) + " weights need",
+                             "scratch to round them");
       launch_round_rows(x, xw, stream_->get());
       matmul(xw, w, y);
     }
@@ -556,16 +550,24 @@ class CudaBackend final : public Backend {
     if (x.rows == 0) return;
     auto _ = prof_.scope([&] { return "linear int4 x " + shape(x) + " w " + shape(w); }, stream_->get());
     if (!invariant_ && launch_int4_gemv(x, w, bias, y, stream_->get())) return;
-    const size_t need = size_t(w.rows) * size_t(w.cols) * dtype_size(dtype_);
-    if (need > linear_scratch_bytes_)
-      throw Error("cuda backend: linear: the INT4 weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) +
-                  "] over " + std::to_string(x.rows) + " rows needs " + std::to_string(need) +
-                  " bytes of dequantization scratch but " + std::to_string(linear_scratch_bytes_) +
-                  " are reserved (Backend::reserve_linear_scratch; a Model reserves what its memory plan counts)");
-    const Mat deq = mat(linear_scratch_, dtype_, w.rows, w.cols);  // [N, K] activation dtype
+    const Mat deq = scratch(dtype_, w.rows, w.cols,  // [N, K] activation dtype
+                            "the INT4 weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] over " +
+                                std::to_string(x.rows) + " rows needs",
+                            "dequantization scratch");
     launch_int4_dequant(w, deq, stream_->get());
     matmul(x, deq, y);
     if (bias) launch_add_bias(y, bias, dtype_, stream_->get());
+  }
+
+  // The reserved linear scratch as a [rows, cols] matrix of `dtype`; a call needing more than the
+  // Model's plan reserved is refused, `who` and `what` naming the need ("... needs N bytes of what").
+  Mat scratch(DType dtype, int64_t rows, int64_t cols, const std::string& who, const char* what) const {
+    const size_t need = size_t(rows) * size_t(cols) * dtype_size(dtype);
+    if (need > linear_scratch_bytes_)
+      throw Error("cuda backend: linear: " + who + " " + std::to_string(need) + " bytes of " + what + " but " +
+                  std::to_string(linear_scratch_bytes_) +
+                  " are reserved (Backend::reserve_linear_scratch; a Model reserves what its memory plan counts)");
+    return mat(linear_scratch_, dtype, rows, cols);
   }
 
   // y [T, N] = x [T, K] w[N, K]^T. In cuBLASLt's column-major terms: C (N x T) = op(A) B with

@@ -31,6 +31,12 @@ inline int env_knob(const char* name, int fallback) {
   return *end == '\0' && v >= -1000000 && v <= 1000000 ? int(v) : fallback;
 }
 
+// Weights of `weights` on activations of `activations` that the kernels widen in registers: 16-bit
+// weights under f32 activations (the CUDA backend of f32 activations, as the CPU backend runs).
+inline bool widened_weights(DType activations, DType weights) {
+  return activations == DType::F32 && (weights == DType::F16 || weights == DType::BF16);
+}
+
 // Programmatic dependent launch (sm_90+): every kernel here is launched so that it may start while
 // the kernel before it on the stream drains. It must call pdl_wait() before touching anything an
 // earlier kernel writes or reads (every block, before any early return, so completion stays

@@ -40,7 +40,7 @@ __global__ void embedding_kernel(EmbeddingArgs a) {
 }  // namespace
 
 void launch_embedding(const Mat& table, const int32_t* ids, const Mat& out, cudaStream_t s) {
-  const bool widen = out.dtype == DType::F32 && (table.dtype == DType::F16 || table.dtype == DType::BF16);
+  const bool widen = widened_weights(out.dtype, table.dtype);
   if (table.dtype != out.dtype && !widen)
     throw Error("cuda backend: embedding table is " + std::string(dtype_name(table.dtype)) + " but activations are " +
                 std::string(dtype_name(out.dtype)) + "; build the engine in the backend's dtype");

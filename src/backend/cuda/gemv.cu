@@ -72,8 +72,7 @@ void launch_any(DType wdt, DType xdt, const GemvArgs& a, cudaStream_t s) {
 // beside a 16-bit w, 16-byte rows.
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
   if (x.rows != 1 || y.dtype != x.dtype) return false;
-  const bool wide_x = x.dtype == DType::F32 && (w.dtype == DType::F16 || w.dtype == DType::BF16);
-  if (x.dtype != w.dtype && !wide_x) return false;
+  if (x.dtype != w.dtype && !widened_weights(x.dtype, w.dtype)) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
   return w.cols % V == 0 && aligned16(w.data, w.ld, dtype_size(w.dtype)) &&
          aligned16(x.data, x.ld, dtype_size(x.dtype)) && w.rows <= INT32_MAX && w.cols <= INT32_MAX;
