@@ -133,6 +133,51 @@ TEST_P(CudaParity, GraphDecodeIsBitwiseDirectDecode) {
   EXPECT_TRUE(graph.cache == direct.cache) << GetParam() << " bf16 weights, f32 activations: KV cache bytes differ";
 }
 
+// launch_forward replayed as a graph (a shape's second call on: Model::run_forward_graph) computes what
+// the direct call did: the same picks, KV cache bytes, and logits of the token after, bit for bit. Two
+// prompts of different lengths per call, into fresh rows each time; the first call runs directly, the
+// second is captured and replayed, the third replays.
+TEST_P(CudaParity, GraphForwardIsBitwiseDirectForward) {
+  const std::string dir = fixture_dir(GetParam());
+  Reference ref = load_reference(dir + "/reference.safetensors");
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Engine engine = build_engine(dir, BuildOptions{dt});
+    auto be = make_cuda_backend(dt);
+    RuntimeOptions rt;
+    rt.max_batch = 6;
+    rt.capacity = ref.seq() + 2;
+    Model m(engine, *be, rt);
+    const int64_t P = ref.seq();
+    const int64_t* ids = ref.input_ids.as<int64_t>();
+    const std::vector<int32_t> a(ids, ids + P), b(ids, ids + P - 1);
+    struct Rep {
+      std::vector<int32_t> picks;
+      std::vector<std::vector<uint8_t>> cache;
+      std::vector<float> next;
+    };
+    std::vector<Rep> reps;
+    for (int rep = 0; rep < 3; ++rep) {
+      const int ra = 2 * rep, rb = 2 * rep + 1;
+      m.launch_forward(Batch{{BatchRow{ra, a, 0, {}, false}, BatchRow{rb, b, 0, {}, false}}});
+      Rep r;
+      r.picks = m.finish_launch();
+      ASSERT_EQ(r.picks.size(), 2u);
+      r.cache = {m.state().read_row(ra), m.state().read_row(rb)};
+      HostTensor lg = m.forward(Batch{{BatchRow{ra, {r.picks[0]}, P, {}, false}}});
+      r.next.assign(lg.as<float>(), lg.as<float>() + m.spec().vocab);
+      reps.push_back(std::move(r));
+    }
+    EXPECT_EQ(m.forward_graph_count(), 1u) << GetParam() << " " << dtype_name(dt) << ": the repeated shape was not captured";
+    for (int rep = 1; rep < 3; ++rep) {
+      EXPECT_EQ(reps[size_t(rep)].picks, reps[0].picks) << GetParam() << " " << dtype_name(dt) << " call " << rep;
+      EXPECT_TRUE(reps[size_t(rep)].cache == reps[0].cache) << GetParam() << " " << dtype_name(dt) << " call " << rep
+                                                            << ": KV cache bytes differ";
+      EXPECT_EQ(std::memcmp(reps[size_t(rep)].next.data(), reps[0].next.data(), reps[0].next.size() * sizeof(float)), 0)
+          << GetParam() << " " << dtype_name(dt) << " call " << rep << ": the next token's logits differ";
+    }
+  }
+}
+
 // A 16-bit engine (bf16, f16) on the CUDA backend of f32 activations and f32 KV cache against the CPU
 // backend running the same engine, which computes exactly so (f32 activations, the weights widened).
 // Each reference row is fed one token per forward, then continued greedily for 8 tokens: every product

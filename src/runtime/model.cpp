@@ -1,7 +1,9 @@
 #include "runtime/model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
+#include <string>
 
 #include "backend/logprobs.h"
 #include "core/error.h"
@@ -424,16 +426,61 @@ void Model::launch_forward_local(const Batch& batch, const std::vector<int32_t>&
   feed_tokens(batch, feed);
   if (n > 0) be_.upload(next_tokens_.as<int32_t>() + opt_.max_batch, p.out_row.data(), p.out_row.size() * sizeof(int32_t));
   advance_lengths(batch);
-  run_decoder(T, p.max_kv_len, p.rows, p.single_rows);
-  if (n > 0) {
-    const DType adt = be_.activation_dtype();
-    Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
-    be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
-    head(g, n);
-    const std::vector<int> rows(p.out_row.begin(), p.out_row.end());
-    pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, any_sampled(rows));
-  }
+  const bool sampled = n > 0 && any_sampled(std::vector<int>(p.out_row.begin(), p.out_row.end()));
+  const int rows = p.rows, single_rows = p.single_rows;
+  auto body = [this, T, n, rows, single_rows, sampled] {
+    // Grid sizes may not depend on this call's lengths (the body may be a graph replayed for another
+    // call of the same shape): attention is bounded by the capacity, as decode's is.
+    run_decoder(T, int(state_.capacity()), rows, single_rows);
+    if (n > 0) {
+      const DType adt = be_.activation_dtype();
+      Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
+      be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
+      head(g, n);
+      pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, sampled);
+    }
+  };
+  run_forward_graph(ForwardShape{T, rows, single_rows, n, sampled}, body);
   launch_readback(n);
+}
+
+namespace {
+// INGOT_FORWARD_GRAPHS=0 runs every launch_forward directly (for A/B measurements, as
+// INGOT_CUDA_PDL=0 is for the dependent launches).
+bool forward_graphs_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("INGOT_FORWARD_GRAPHS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+// A call's ops depend on the host only through its shape: tokens, rows, lengths and picks live in
+// fixed buffers. A shape seen a second time is captured and every later call of it replays the graph,
+// which spares the host one launch per op (a 128-token prefill of Qwen3-0.6B shapes is ~300 of them,
+// longer on the host than on the GPU). Not the first time: products choose their algorithm by timing
+// on their first call, never inside a capture, and a shape seen once (a prompt length of its own) is
+// not worth a capture. Without a communicator only: no graph has been run across GPUs yet.
+void Model::run_forward_graph(const ForwardShape& shape, const std::function<void()>& body) {
+  if (!opt_.use_graphs || comm_ || !forward_graphs_on()) return body();
+  auto it = forward_graphs_.find(shape);
+  if (it == forward_graphs_.end()) {
+    if (forward_seen_.insert(shape).second) {
+      if (forward_seen_.size() > kForwardSeenMax) forward_seen_ = {shape};
+      return body();
+    }
+    if (forward_graphs_.size() >= kForwardGraphsMax) {  // the least recently used goes
+      auto old = forward_graphs_.begin();
+      for (auto j = forward_graphs_.begin(); j != forward_graphs_.end(); ++j)
+        if (j->second.last_use < old->second.last_use) old = j;
+      forward_graphs_.erase(old);
+    }
+    it = forward_graphs_.emplace(shape, ForwardGraph{be_.capture(body), 0}).first;
+  }
+  it->second.last_use = ++forward_calls_;
+  if (it->second.graph) it->second.graph->replay();
+  else body();
 }
 
 std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -137,6 +138,8 @@ class Model {
   size_t workspace_bytes() const { return workspace_bytes_; }
   const MemoryPlan& plan() const { return plan_; }
   int tp_world() const { return spec_.tp.world; }
+  // launch_forward shapes held as graphs (what the tests check was captured).
+  size_t forward_graph_count() const { return forward_graphs_.size(); }
 
  private:
   friend class TpGroup;
@@ -170,6 +173,16 @@ class Model {
   void feed_tokens(const Batch& batch, const std::vector<int32_t>& feed);
   void launch_readback(int64_t n);  // queues the read-back of this step's n picks
   void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
+  // What launch_forward's ops depend on besides buffers: tokens, rows, leading one-token rows, picks.
+  struct ForwardShape {
+    int64_t tokens = 0;
+    int rows = 0, single_rows = 0;
+    int64_t picks = 0;
+    bool sampled = false;
+    auto operator<=>(const ForwardShape&) const = default;
+  };
+  // Runs a launch_forward body: directly, or as a graph captured for its shape (model.cpp says when).
+  void run_forward_graph(const ForwardShape& shape, const std::function<void()>& body);
   // next_tokens_[i] = the pick from logits_ row i (of n) for cache row rows[i] (backend memory)
   void pick(int64_t n, const int32_t* rows, bool sampled);
   bool any_sampled(const std::vector<int>& rows) const;
@@ -209,6 +222,16 @@ class Model {
   int64_t picks_rows_ = 0;        // picks next_tokens_ holds (or will, once the launched steps run)
   std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
+  // launch_forward's graphs: at most kForwardGraphsMax, the least recently used replaced; a shape is
+  // captured the second time it is seen (forward_seen_: shapes seen once, forgotten past kForwardSeenMax).
+  struct ForwardGraph {
+    std::unique_ptr<Graph> graph;  // null where the backend has no graphs
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kForwardGraphsMax = 16, kForwardSeenMax = 256;
+  std::map<ForwardShape, ForwardGraph> forward_graphs_;
+  std::set<ForwardShape> forward_seen_;
+  uint64_t forward_calls_ = 0;
   // Launched decode steps whose picks are not yet read: the read-back each uses and its row count.
   std::unique_ptr<Readback> readbacks_[2];
   int next_readback_ = 0;

@@ -179,13 +179,24 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
   const T* kg = static_cast<const T*>(p.k);
   const T* vg = static_cast<const T*>(p.v);
   for (;;) {
-    // Next segment: the first unprocessed token's cache row, and every token of the tile on it.
-    if (threadIdx.x == 0) {
-      int r = -1, kmin = INT_MAX, kmax = 0;
-      for (int i = 0; i < kBq; ++i)
-        if (!s_done[i]) {
-          if (r < 0) r = s_row[i];
-          if (s_row[i] == r) {
+    // Next segment: the first unprocessed token's cache row, and every token of the tile on it. Warp
+    // 0 finds it, a lane per kBq / 32 tokens: a ballot names the first pending token, and the range of
+    // the tokens on its row is a warp reduction (it was one thread walking all kBq tokens, at least twice a block).
+    if (warp == 0) {
+      constexpr int kPerLane = kBq / 32;
+      int first = -1;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const unsigned pending = __ballot_sync(0xffffffffu, !s_done[c * 32 + lane]);
+        if (first < 0 && pending) first = c * 32 + __ffs(int(pending)) - 1;
+      }
+      const int r = first < 0 ? -1 : s_row[first];
+      int kmin = INT_MAX, kmax = 0;
+      if (r >= 0) {
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          const int i = c * 32 + lane;
+          if (!s_done[i] && s_row[i] == r) {
             s_done[i] = true;
             if (s_hi[i] > s_lo[i]) {
               kmin = min(kmin, s_lo[i]);
@@ -193,9 +204,17 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
             }
           }
         }
-      s_seg_row = r;
-      s_kmin = kmin;
-      s_kmax = kmax;
+#pragma unroll
+        for (int o2 = 1; o2 < 32; o2 <<= 1) {
+          kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, o2));
+          kmax = max(kmax, __shfl_xor_sync(0xffffffffu, kmax, o2));
+        }
+      }
+      if (lane == 0) {
+        s_seg_row = r;
+        s_kmin = kmin;
+        s_kmax = kmax;
+      }
     }
     __syncthreads();
     const int seg_row = s_seg_row, kmin = s_kmin, kmax = s_kmax;

@@ -112,11 +112,15 @@ class OpProfile {
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     double all = 0;
     for (const auto& r : rows) all += r.second.ms;
+    // The median beside the mean: an op's first call also pays for loading its kernel and, for a
+    // product, choosing its algorithm, which the mean of a short run carries and the median does not.
     std::fprintf(stderr, "== INGOT_CUDA_PROFILE: device time per op (events around each op, no graphs)\n");
-    std::fprintf(stderr, "%10s %8s %10s %6s  %s\n", "total ms", "calls", "mean us", "%", "op");
-    for (const auto& [name, t] : rows)
-      std::fprintf(stderr, "%10.3f %8lld %10.2f %6.1f  %s\n", t.ms, t.calls, 1e3 * t.ms / double(t.calls),
-                   100.0 * t.ms / all, name.c_str());
+    std::fprintf(stderr, "%10s %8s %10s %10s %6s  %s\n", "total ms", "calls", "mean us", "median us", "%", "op");
+    for (auto& [name, t] : rows) {
+      std::nth_element(t.us.begin(), t.us.begin() + std::ptrdiff_t(t.us.size() / 2), t.us.end());
+      std::fprintf(stderr, "%10.3f %8lld %10.2f %10.2f %6.1f  %s\n", t.ms, t.calls, 1e3 * t.ms / double(t.calls),
+                   double(t.us[t.us.size() / 2]), 100.0 * t.ms / all, name.c_str());
+    }
   }
   OpProfile(const OpProfile&) = delete;
   OpProfile& operator=(const OpProfile&) = delete;
@@ -156,6 +160,7 @@ class OpProfile {
   struct Total {
     double ms = 0;
     long long calls = 0;
+    std::vector<float> us;  // every call's time, for the median
   };
   static constexpr size_t kBatch = 4096;
   void fold() {
@@ -166,6 +171,7 @@ class OpProfile {
         Total& t = totals_[names_[i]];
         t.ms += ms;
         ++t.calls;
+        t.us.push_back(1e3f * ms);
       }
     }
     used_ = 0;
@@ -203,8 +209,9 @@ struct LtPlan {
 
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 constexpr int kTuneCandidates = 8;    // heuristic results timed for large products
-constexpr int64_t kTuneRows = 256;    // products with at least this many rows are timed
+constexpr int64_t kTuneRows = 64;     // products with at least this many rows are timed
 constexpr float kTuneMargin = 1.2f;   // an alternative must be this much faster than the first choice
+constexpr int kSplitKs[] = {2, 4, 8, 16};  // split-K variants of the first choice timed beside the heuristic's
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
 constexpr size_t kAttnCounters = size_t(1) << 20;
 constexpr size_t kArgmaxScratchFloats = size_t(1) << 20;
@@ -683,10 +690,15 @@ class CudaBackend final : public Backend {
     return res.algo;
   }
 
-  // cuBLASLt's first heuristic choice is sometimes far from its best for large products (measured on
-  // the H200: 4096 x 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800). Products of at least
-  // kTuneRows rows therefore time the top candidates once, on their real operands (y is recomputed by
-  // the caller), and keep the fastest if it beats the first choice by more than kTuneMargin, so near
+  // cuBLASLt's first heuristic choice is sometimes far from its best (measured on the H200: 4096 x
+  // 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800; and a 128-token prefill's products of
+  // Qwen3-8B and Qwen3-0.6B shapes streamed their weights at 2.0-2.7 and 0.5-1.3 TB/s, the few output
+  // tiles of a narrow product leaving most SMs idle, which splitting K fixes). Products of at least
+  // kTuneRows rows therefore time candidates once, on their real operands (y is recomputed by the
+  // caller): the heuristic's top results and split-K variants of its first (the partial sums reduced
+  // in a workspace in a fixed order, so still deterministic), each run after evicting L2 (a product
+  // in a forward reads its weights from memory; timed hot, one that fits in L2 favours the wrong
+  // candidate). The fastest is kept if it beats the first choice by more than kTuneMargin, so near
   // ties cannot flip between runs. The choice is kept per process by (device, shape with rows rounded
   // up to a power of two): every backend in a process computes the same bits, and a new prompt length
   // in a known bucket reuses the choice (checked for its exact shape) instead of timing again.
@@ -710,33 +722,69 @@ class CudaBackend final : public Backend {
         p.algo = it->second;
       return;
     }
+    std::vector<cublasLtMatmulAlgo_t> cands;
+    for (int i = 0; i < found; ++i)
+      if (res[i].workspaceSize <= kLtWorkspace) cands.push_back(res[i].algo);
+    for (const int32_t split : kSplitKs) {
+      if (w.cols / split < 256) break;  // K slices below 256 are all ramp-up
+      cublasLtMatmulAlgo_t a = res[0].algo;
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasLtMatmulHeuristicResult_t chk{};
+      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ==
+              CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &a, &chk) == CUBLAS_STATUS_SUCCESS &&
+          chk.workspaceSize <= kLtWorkspace)
+        cands.push_back(a);
+    }
+    if (cands.empty()) return;
     const float alpha = 1.0f, beta = 0.0f;
     Event e0, e1;
     cudaStream_t s = stream_->get();
+    // Evicting L2: the attention scratch (64 MiB of partials no op keeps between calls) overwritten.
+    const size_t flush = std::min(attn_.n_floats * sizeof(float), size_t(props_.l2CacheSize) * 2);
     auto time_ms = [&](const cublasLtMatmulAlgo_t& algo) {
       auto run = [&] {
         return cublasLtMatmul(lt_, p.op, &alpha, w.data, p.a, x.data, p.b, &beta, y.data, p.c, y.data, p.c, &algo,
                               lt_ws_, kLtWorkspace, s);
       };
       if (run() != CUBLAS_STATUS_SUCCESS) return 1e30f;  // warm-up; a candidate that fails is never chosen
-      check(cudaEventRecord(e0.get(), s), "cudaEventRecord");
-      for (int i = 0; i < 3; ++i) run();
-      check(cudaEventRecord(e1.get(), s), "cudaEventRecord");
-      check(cudaEventSynchronize(e1.get()), "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "cudaEventElapsedTime");
-      return ms;
+      float total = 0;
+      for (int i = 0; i < 3; ++i) {
+        check(cudaMemsetAsync(attn_.floats, 0, flush, s), "cudaMemsetAsync");
+        check(cudaEventRecord(e0.get(), s), "cudaEventRecord");
+        run();
+        check(cudaEventRecord(e1.get(), s), "cudaEventRecord");
+        check(cudaEventSynchronize(e1.get()), "cudaEventSynchronize");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "cudaEventElapsedTime");
+        total += ms;
+      }
+      return total;
     };
-    const float first = time_ms(res[0].algo);
+    std::vector<float> ms(cands.size());
+    for (size_t i = 0; i < cands.size(); ++i) ms[i] = time_ms(cands[i]);
+    const float first = ms[0];
     float best = first;
-    int pick = 0;
-    for (int i = 1; i < found; ++i) {
-      if (res[i].workspaceSize > kLtWorkspace) continue;
-      const float t = time_ms(res[i].algo);
-      if (t < best) best = t, pick = i;
-    }
+    size_t pick = 0;
+    for (size_t i = 1; i < cands.size(); ++i)
+      if (ms[i] < best) best = ms[i], pick = i;
     if (best * kTuneMargin > first) pick = 0;
-    p.algo = res[pick].algo;
+    // INGOT_CUDA_TUNE_LOG=1: each timed shape's candidates (split-K, us per call with L2 evicted).
+    static const bool log = env_knob("INGOT_CUDA_TUNE_LOG", 0) == 1;
+    if (log) {
+      std::fprintf(stderr, "tune %lldx%lldx%lld:", static_cast<long long>(y.rows), static_cast<long long>(w.rows),
+                   static_cast<long long>(w.cols));
+      for (size_t i = 0; i < cands.size(); ++i) {
+        int32_t split = 0;
+        size_t got = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&cands[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &got);
+        std::fprintf(stderr, " %s%zu:k%d:%.1f", i == pick ? "*" : "", i, split, 1e3 * ms[i] / 3);
+      }
+      std::fprintf(stderr, "\n");
+    }
+    p.algo = cands[pick];
     chosen.emplace(key, p.algo);
   }
 

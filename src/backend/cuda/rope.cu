@@ -3,6 +3,10 @@
 // also copy V. cos/sin are evaluated in double from the f32 angle, as the CPU reference does.
 // (ncu on the H200, Qwen3-8B decode: 8.4 us a call when each lane's loads, stores and the next loads
 // alternated; the kernel now issues its loads first.)
+// A token's angles are the same for every head, so a block evaluates each of its token's rot_dim / 2
+// cos/sin pairs once, one per thread, into shared memory: the double-precision sincos was the kernel's
+// cost when every lane of every head evaluated its own (8 per lane at head_dim 128; H200, Qwen3-8B
+// shapes, 128-token prefill: 10.9 us a call by the per-op profiler's median).
 #include "backend/cuda/cuda_common.cuh"
 
 namespace ingot::cuda {
@@ -36,29 +40,37 @@ constexpr int kPerLane = kMaxHeadDim / 32;  // a lane's elements of one head: i 
 // this on one token, where each serialised memory round trip is on the step's critical path.
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs a) {
-  extern __shared__ float smem[];
+  extern __shared__ float smem[];  // [kWarps, head_dim] the warps' normed heads, then [2, rot_dim / 2] cos, sin
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int h = blockIdx.y * kWarps + warp;
   const int D = a.head_dim, half = a.rot_dim / 2;
   const bool is_q = h < a.q_heads;
   const void* nw = is_q ? a.q_norm : a.k_norm;
-  float nwv[kPerLane], invf[kPerLane];
+  float nwv[kPerLane];
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int i = lane + 32 * k;
     nwv[k] = nw && i < D ? load_any(nw, a.norm_dtype, i) : 1.f;
-    invf[k] = i < 2 * half ? a.inv_freq[i < half ? i : i - half] : 0.f;
   }
+  // kWarps * 32 >= kMaxHeadDim / 2: one pair per thread at most.
+  const float invf = int(threadIdx.x) < half ? a.inv_freq[threadIdx.x] : 0.f;
   pdl_wait();
   pdl_trigger();
-  if (h >= a.q_heads + a.kv_heads) return;
   const int64_t t = blockIdx.x;
+  float* cs = smem + kWarps * D;  // [half] cos * attn_scale, then [half] sin * attn_scale
+  if (int(threadIdx.x) < half) {
+    double sd, cd;
+    sincos(double(float(a.rope_pos[t]) * invf), &sd, &cd);
+    cs[threadIdx.x] = float(cd) * a.attn_scale;
+    cs[half + threadIdx.x] = float(sd) * a.attn_scale;
+  }
+  __syncthreads();  // before any warp leaves: every thread takes part
+  if (h >= a.q_heads + a.kv_heads) return;
   float* buf = smem + warp * D;
   T* row = static_cast<T*>(a.qkv) + t * a.qkv_ld;
   T* head = row + int64_t(h) * D;  // q heads, then k heads, contiguous
   const int kh = h - a.q_heads;
   const T* vsrc = row + int64_t(a.q_heads + a.kv_heads + kh) * D;
-  const int32_t pos_i = a.rope_pos[t];
   int64_t off = 0;
   if (!is_q) off = int64_t(a.row[t]) * a.batch_stride + int64_t(kh) * a.head_stride + int64_t(a.slot[t]) * a.slot_stride;
   float hv[kPerLane];
@@ -82,7 +94,6 @@ __global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs 
   for (int k = 0; k < kPerLane; ++k)
     if (lane + 32 * k < D) buf[lane + 32 * k] = hv[k];
   __syncwarp();
-  const float pos = float(pos_i);
   T* kdst = is_q ? nullptr : static_cast<T*>(a.k_cache) + off;
   T* vdst = is_q ? nullptr : static_cast<T*>(a.v_cache) + off;
 #pragma unroll
@@ -91,9 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs 
     if (i >= D) break;
     float r = hv[k];
     if (i < 2 * half) {
-      double sd, cd;
-      sincos(double(pos * invf[k]), &sd, &cd);
-      const float c = float(cd) * a.attn_scale, s = float(sd) * a.attn_scale;
+      const int j = i < half ? i : i - half;
+      const float c = cs[j], s = cs[half + j];
       r = i < half ? hv[k] * c - buf[i + half] * s : hv[k] * c + buf[i - half] * s;
     }
     const T out = from_f<T>(r);
@@ -121,7 +131,8 @@ void launch_rope_cache_write(const RopeWriteParams& p, cudaStream_t s) {
              p.q_heads, p.kv_heads, p.head_dim, p.meta.row, p.meta.slot, p.meta.rope_pos, p.cache.k, p.cache.v,
              p.cache.batch_stride, p.cache.head_stride, p.cache.slot_stride};
   const dim3 grid(unsigned(p.qkv.rows), unsigned((p.q_heads + p.kv_heads + kWarps - 1) / kWarps));
-  const size_t smem = sizeof(float) * size_t(kWarps) * size_t(p.head_dim);
+  static_assert(kWarps * 32 >= kMaxHeadDim / 2, "a thread per cos/sin pair");
+  const size_t smem = sizeof(float) * (size_t(kWarps) * size_t(p.head_dim) + size_t(p.rot_dim));
   dispatch(p.qkv.dtype, "rope_cache_write", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     launch("rope_cache_write_kernel", rope_cache_write_kernel<T>, dim3(grid), dim3(kWarps * 32), smem, s, a);
