@@ -211,7 +211,6 @@ constexpr size_t kLtWorkspace = size_t(32) << 20;
 constexpr int kTuneCandidates = 8;    // heuristic results timed for large products
 constexpr int64_t kTuneRows = 64;     // products with at least this many rows are timed
 constexpr float kTuneMargin = 1.2f;   // an alternative must be this much faster than the first choice
-constexpr int kSplitKs[] = {2, 4, 8, 16};  // split-K variants of the first choice timed beside the heuristic's
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
 constexpr size_t kAttnCounters = size_t(1) << 20;
 constexpr size_t kArgmaxScratchFloats = size_t(1) << 20;
@@ -691,15 +690,15 @@ class CudaBackend final : public Backend {
   }
 
   // cuBLASLt's first heuristic choice is sometimes far from its best (measured on the H200: 4096 x
-  // 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800; and a 128-token prefill's products of
-  // Qwen3-8B and Qwen3-0.6B shapes streamed their weights at 2.0-2.7 and 0.5-1.3 TB/s, the few output
-  // tiles of a narrow product leaving most SMs idle, which splitting K fixes). Products of at least
-  // kTuneRows rows therefore time candidates once, on their real operands (y is recomputed by the
-  // caller): the heuristic's top results and split-K variants of its first (the partial sums reduced
-  // in a workspace in a fixed order, so still deterministic), each run after evicting L2 (a product
-  // in a forward reads its weights from memory; timed hot, one that fits in L2 favours the wrong
-  // candidate). The fastest is kept if it beats the first choice by more than kTuneMargin, so near
-  // ties cannot flip between runs. The choice is kept per process by (device, shape with rows rounded
+  // 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800). Products of at least kTuneRows rows
+  // therefore time the heuristic's top candidates once, on their real operands (y is recomputed by
+  // the caller), each run after evicting L2: a product in a forward reads its weights from memory, and
+  // timed with them in L2 the choice favoured candidates that were slower in the forward (H200,
+  // Qwen3-8B shapes: TTFT(128) 6.1 -> 6.35 ms when its 128-row products were timed with L2 warm).
+  // The candidates include split-K ones of the heuristic's own (reduced in a workspace, in a fixed
+  // order); split-K variants of the first choice added beside them never won (INGOT_CUDA_TUNE_LOG=1
+  // prints each shape's candidates). The fastest is kept if it beats the first choice by more than
+  // kTuneMargin, so near ties cannot flip between runs. The choice is kept per process by (device, shape with rows rounded
   // up to a power of two): every backend in a process computes the same bits, and a new prompt length
   // in a known bucket reuses the choice (checked for its exact shape) instead of timing again.
   void choose_algo(LtPlan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const Mat& x, const Mat& w,
@@ -725,19 +724,6 @@ class CudaBackend final : public Backend {
     std::vector<cublasLtMatmulAlgo_t> cands;
     for (int i = 0; i < found; ++i)
       if (res[i].workspaceSize <= kLtWorkspace) cands.push_back(res[i].algo);
-    for (const int32_t split : kSplitKs) {
-      if (w.cols / split < 256) break;  // K slices below 256 are all ramp-up
-      cublasLtMatmulAlgo_t a = res[0].algo;
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      cublasLtMatmulHeuristicResult_t chk{};
-      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split) ==
-              CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ==
-              CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &a, &chk) == CUBLAS_STATUS_SUCCESS &&
-          chk.workspaceSize <= kLtWorkspace)
-        cands.push_back(a);
-    }
     if (cands.empty()) return;
     const float alpha = 1.0f, beta = 0.0f;
     Event e0, e1;
