@@ -1,0 +1,165 @@
+// Op-level conformance of the CUDA backend's INT4 products (quant/int4.h's runtime layout) against the
+// CPU reference: the decode kernel and the dequantize-then-cuBLASLt path, long rows, act-order, the
+// dense product of the dequantized weight, and the refusals. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/logprobs.h"
+#include "core/dtype.h"
+#include "cuda_ops_fixture.h"
+#include "cuda_test_helpers.h"
+#include "test_helpers.h"
+
+#ifdef INGOT_WITH_CUDA
+namespace ingot {
+namespace {
+
+using namespace test;
+
+// INT4 linear against the CPU reference on the same packed bytes, scales, zeros and perm, for every
+// group size, both paths (the decode kernel up to 16 rows, dequantize + cuBLASLt beyond, and always
+// with a perm), with and without zero points, act-order and bias. K is an odd number of groups so the
+// decode kernel's 128-column chunks end part-way, N not a multiple of its 8-row tiles.
+TEST_P(CudaOps, Int4Linear) {
+  int cases = 0;
+  for (int64_t G : {32, 64, 128, 256})
+    for (int64_t T : {1, 2, 7, 16, 17, 64})
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool zeros = variant & 1, perm = variant & 2, bias = (T + variant) % 2 == 0;
+        const int64_t N = T == 7 ? 64 : 37, K = G * (G == 256 ? 3 : 5);
+        const Int4Weight w = random_int4(rng_, N, K, G, zeros, perm, dt_);
+        auto x = rnd(size_t(T * K)), b = rnd(size_t(N), 0.5f);
+        Side& g = *gpu_;
+        Side& c = *cpu_;
+        gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, perm));
+        void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+        gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), bias ? g.put(b) : nullptr, g.m(gy, T, N));
+        cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), bias ? c.put(b, dt_) : nullptr, c.m(cy, T, N));
+        const std::string what = "int4 linear G=" + std::to_string(G) + " T=" + std::to_string(T) + " N=" +
+                                 std::to_string(N) + " K=" + std::to_string(K) + (zeros ? " zeros" : "") +
+                                 (perm ? " perm" : "") + (bias ? " bias" : "");
+        expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(), what);
+        ++cases;
+      }
+  EXPECT_EQ(cases, 96);
+}
+
+// Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336) and the
+// 8..16-token half of its tiles.
+TEST_P(CudaOps, Int4LinearLongRows) {
+  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336}}) {
+    const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    Side& c = *cpu_;
+    void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), nullptr, g.m(gy, T, N));
+    cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), nullptr, c.m(cy, T, N));
+    expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
+                 "int4 linear T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  }
+}
+
+// The 1..8-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
+// Llama-like rows (K = 1024, 4096, 14336: one step, several, and a last step part-full for every
+// split int4_linear.cu picks), odd N (16-row tiles cut short; one N of several blocks), zero points or
+// none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are zeros). 16-bit only:
+// f32 engines keep their own kernel.
+TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
+  if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernel takes f16/bf16 activations";
+  int cases = 0;
+  for (int64_t G : {32, 64, 128, 256})
+    for (int64_t K : {1024, 4096, 14336})
+      for (int64_t T : {1, 2, 5, 8}) {
+        const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
+        const int64_t N = K == 4096 && T == 1 ? 333 : 37;
+        const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
+        auto x = rnd(size_t(T * K)), b = rnd(size_t(N), 0.5f);
+        Side& g = *gpu_;
+        Side& c = *cpu_;
+        void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+        gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), bias ? g.put(b) : nullptr, g.m(gy, T, N));
+        cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), bias ? c.put(b, dt_) : nullptr, c.m(cy, T, N));
+        expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
+                     "int4 decode G=" + std::to_string(G) + " T=" + std::to_string(T) + " N=" + std::to_string(N) +
+                         " K=" + std::to_string(K) + (zeros ? " zeros" : "") + (bias ? " bias" : ""));
+        ++cases;
+      }
+  EXPECT_EQ(cases, 48);
+}
+
+// The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
+// its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
+TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
+  for (bool perm : {false, true}) {
+    const int64_t T = 40, N = 48, K = 384, G = 64;
+    const Int4Weight w = random_int4(rng_, N, K, G, true, perm, dt_, false);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, perm));
+    void* gx = g.put(x);
+    void *q = g.put(std::vector<float>(size_t(T * N))), *d = g.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
+    gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
+    EXPECT_EQ(g.get(q, size_t(T * N)), g.get(d, size_t(T * N))) << (perm ? "perm" : "no perm");
+  }
+}
+
+// The decode kernel with scales whose products round in 16 bits: against the dense product over the
+// host's round_dt((nibble - zero) * scale) on the GPU, within the dtype's tolerance (the two differ in
+// accumulation order and kernel, not in weights).
+TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
+  for (int64_t T : {1, 5, 16}) {
+    const int64_t N = 72, K = 1024, G = 128;
+    const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_, false);
+    auto x = rnd(size_t(T * K));
+    Side& g = *gpu_;
+    void* gx = g.put(x);
+    void *q = g.put(std::vector<float>(size_t(T * N), 7.0f)), *d = g.put(std::vector<float>(size_t(T * N)));
+    gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
+    gpu_be_->linear(g.m(gx, T, K), g.m(g.put(w.dense(dt_)), N, K), nullptr, g.m(d, T, N));
+    expect_close(g.get(q, size_t(T * N)), g.get(d, size_t(T * N)), tol(), "int4 decode T=" + std::to_string(T));
+  }
+}
+
+TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
+  const int64_t T = 17, N = 16, K = 64;
+  Int4Weight w = random_int4(rng_, N, K, 32, false, false, dt_);
+  Side& g = *gpu_;
+  void *gx = g.put(rnd(size_t(T * K))), *gy = g.put(std::vector<float>(size_t(T * N)));
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, false), 0u);  // the decode kernel reads the packed bytes
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, true), size_t(N * K) * dtype_size(dt_));
+  // More than 16 rows without the scratch a Model reserves.
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(gy, T, N)); },
+                     {"INT4 weight [16, 64] over 17 rows needs " + std::to_string(N * K * int64_t(dtype_size(dt_))) + " bytes",
+                      "reserve_linear_scratch"});
+  // A group size the kernels do not take, scales in another dtype, packed rows of the wrong length.
+  Mat bad = w.put(g, dt_);
+  bad.int4.group_size = 16;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); },
+                     {"INT4 group size 16 must be a power of two in [32, 256]"});
+  const DType other = dt_ == DType::F32 ? DType::BF16 : DType::F32;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), w.put(g, other), nullptr, g.m(gy, 1, N)); },
+                     {"INT4 scales are " + std::string(dtype_name(other))});
+  bad = w.put(g, dt_);
+  bad.ld = K;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); }, {"has rows of 32 bytes, not 64"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace ingot
+#else
+TEST(CudaOps, NotBuilt) { GTEST_SKIP() << "this build has no CUDA backend (nvcc was not found at configure time)"; }
+#endif
