@@ -1,7 +1,8 @@
-// The fixture of the CUDA op conformance programs (test_cuda_ops, test_cuda_int4_ops,
-// test_cuda_sample_ops): the CUDA backend beside the CPU reference backend in the tested activation
-// dtype, random values rounded to it, KV caches in either layout with their token metadata, and
-// attention run on both backends; random INT4 weights (also what test_cuda_f32_activations refuses). One header so that the programs, split by area, test alike.
+// The fixture of the CUDA op conformance programs (test_cuda_ops, test_cuda_int4_ops, test_cuda_sample_ops):
+// the CUDA backend beside the CPU reference backend in the tested activation dtype, random values rounded to
+// it, KV caches in either layout with their token metadata, and attention run on both backends; random INT4
+// weights (also what test_cuda_f32_activations refuses). One header so that the programs, split by area, test
+// alike.
 #pragma once
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// Op-level conformance of the CUDA backend against the CPU reference backend: every op on random
-// shapes (odd sizes, GQA, rows at different write indices, sliding windows, the all-masked row, both
-// cache layouts), f32 with tight tolerances and f16/bf16 with tolerances of their rounding. Inputs are
-// rounded to the tested dtype first, so both backends see the same values. Skips without a GPU. INT4 products, the sample and logprobs ops, and f32 activations
-// over 16-bit weights have programs of their own (test_cuda_int4_ops, test_cuda_sample_ops,
-// test_cuda_f32_activations) over the same fixture (cuda_ops_fixture.h).
+// Op-level conformance of the CUDA backend against the CPU reference backend: every op on random shapes (odd
+// sizes, GQA, rows at different write indices, sliding windows, the all-masked row, both cache layouts), f32
+// with tight tolerances and f16/bf16 with tolerances of their rounding. Inputs are rounded to the tested
+// dtype first, so both backends see the same values. Skips without a GPU. INT4 products, the sample and
+// logprobs ops, and f32 activations over 16-bit weights have programs of their own (test_cuda_int4_ops,
+// test_cuda_sample_ops, test_cuda_f32_activations) over the same fixture (cuda_ops_fixture.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -456,12 +456,12 @@ bool forward_graphs_on() {
 }
 }  // namespace
 
-// A call's ops depend on the host only through its shape: tokens, rows, lengths and picks live in
-// fixed buffers. A shape seen a second time is captured and every later call of it replays the graph,
-// which spares the host one launch per op (a 128-token prefill of Qwen3-0.6B shapes is ~260 of them:
-// TTFT(128) 1.55 -> 1.43 ms on the H200, docs/performance.md). Not the first time: products choose their algorithm by timing
-// on their first call, never inside a capture, and a shape seen once (a prompt length of its own) is
-// not worth a capture. Without a communicator only: no graph has been run across GPUs yet.
+// A call's ops depend on the host only through its shape: tokens, rows, lengths and picks live in fixed
+// buffers. A shape seen a second time is captured and every later call of it replays the graph, which spares
+// the host one launch per op (a 128-token prefill of Qwen3-0.6B shapes is ~260 of them: TTFT(128) 1.55 ->
+// 1.43 ms on the H200, docs/performance.md). Not the first time: products choose their algorithm by timing on
+// their first call, never inside a capture, and a shape seen once (a prompt length of its own) is not worth a
+// capture. Without a communicator only: no graph has been run across GPUs yet.
 void Model::run_forward_graph(const ForwardShape& shape, const std::function<void()>& body) {
   if (!opt_.use_graphs || comm_ || !forward_graphs_on()) return body();
   auto it = forward_graphs_.find(shape);

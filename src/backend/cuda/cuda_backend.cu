@@ -689,18 +689,18 @@ class CudaBackend final : public Backend {
     return res.algo;
   }
 
-  // cuBLASLt's first heuristic choice is sometimes far from its best (measured on the H200: 4096 x
-  // 6144 x 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800). Products of at least kTuneRows rows
-  // therefore time the heuristic's top candidates once, on their real operands (y is recomputed by
-  // the caller), each run after evicting L2: a product in a forward reads its weights from memory, and
-  // timed with them in L2 the choice favoured candidates that were slower in the forward (H200,
-  // Qwen3-8B shapes: TTFT(128) 6.1 -> 6.35 ms when its 128-row products were timed with L2 warm).
-  // The candidates include split-K ones of the heuristic's own (reduced in a workspace, in a fixed
-  // order); split-K variants of the first choice added beside them never won (INGOT_CUDA_TUNE_LOG=1
-  // prints each shape's candidates). The fastest is kept if it beats the first choice by more than
-  // kTuneMargin, so near ties cannot flip between runs. The choice is kept per process by (device, shape with rows rounded
-  // up to a power of two): every backend in a process computes the same bits, and a new prompt length
-  // in a known bucket reuses the choice (checked for its exact shape) instead of timing again.
+  // cuBLASLt's first heuristic choice is sometimes far from its best (measured on the H200: 4096 x 6144 x
+  // 4096 bf16 at 65 TFLOP/s, its neighbours at 700-800). Products of at least kTuneRows rows therefore time
+  // the heuristic's top candidates once, on their real operands (y is recomputed by the caller), each run
+  // after evicting L2: a product in a forward reads its weights from memory, and timed with them in L2 the
+  // choice favoured candidates that were slower in the forward (H200, Qwen3-8B shapes: TTFT(128) 6.1 -> 6.35
+  // ms when its 128-row products were timed with L2 warm). The candidates include split-K ones of the
+  // heuristic's own (reduced in a workspace, in a fixed order); split-K variants of the first choice added
+  // beside them never won (INGOT_CUDA_TUNE_LOG=1 prints each shape's candidates). The fastest is kept if it
+  // beats the first choice by more than kTuneMargin, so near ties cannot flip between runs. The choice is
+  // kept per process by (device, shape with rows rounded up to a power of two): every backend in a process
+  // computes the same bits, and a new prompt length in a known bucket reuses the choice (checked for its
+  // exact shape) instead of timing again.
   void choose_algo(LtPlan& p, const cublasLtMatmulHeuristicResult_t* res, int found, const Mat& x, const Mat& w,
                    const Mat& y) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
