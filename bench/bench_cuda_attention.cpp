@@ -221,7 +221,7 @@ struct BatchSetup {
     q = Buffer(*s.be, qraw.size());
     s.be->upload(q.get(), qraw.data(), qraw.size());
     out = Buffer(*s.be, qraw.size());
-    meta = Buffer(*s.be, 4 * kRows * sizeof(int32_t));
+    meta = Buffer(*s.be, 5 * kRows * sizeof(int32_t));
   }
 };
 
@@ -236,7 +236,7 @@ AttentionParams batch_params(BatchSetup& b, int layer) {
   p.max_kv_len = int(kBatchCapacity);  // the graph-captured decode step sizes the grid by the capacity
   p.rows = kRows;
   const int32_t* m = b.meta.as<int32_t>();
-  p.meta = {m, m + kRows, m + 2 * kRows, m + 3 * kRows};
+  p.meta = {m, m + kRows, m + 2 * kRows, m + 3 * kRows, m + 4 * kRows};  // + the Model's longest-first order
   p.cache.k = b.k[size_t(layer)].get();
   p.cache.v = b.v[size_t(layer)].get();
   p.cache.dtype = DType::BF16;
@@ -267,7 +267,7 @@ void BM_DecodeAttentionBatch(benchmark::State& state) {
   }
   if (!spread) std::fill(len.begin(), len.end(), int32_t(sum / kRows));
   int64_t total = 0;
-  std::vector<int32_t> meta(4 * kRows);
+  std::vector<int32_t> meta(5 * kRows);
   for (int r = 0; r < kRows; ++r) {
     meta[size_t(r)] = r;                                // row
     meta[size_t(kRows + r)] = len[size_t(r)] - 1;       // slot
@@ -275,6 +275,8 @@ void BM_DecodeAttentionBatch(benchmark::State& state) {
     meta[size_t(3 * kRows + r)] = len[size_t(r)];       // kv_len
     total += len[size_t(r)];
   }
+  const std::vector<int32_t> order = longest_first_order(len);  // as the Model uploads it
+  std::copy(order.begin(), order.end(), meta.begin() + 4 * kRows);
   s.be->upload(b.meta.get(), meta.data(), meta.size() * sizeof(int32_t));
   std::unique_ptr<Graph> graph = s.be->capture([&] {
     for (int r = 0; r < kRounds; ++r)

@@ -5,6 +5,7 @@
 // design is checked against a double-precision host product of the same values. One GPU call measures
 // the whole design space; gemv.cu's choice by K came from it (docs/performance.md, "Latest figures").
 //   cmake --build build-gpu/tree --target gemv_lab && build-gpu/tree/gemv_lab [replays]
+// INGOT_LAB_SHAPE=8b.o and INGOT_LAB_DESIGN="S4 U4 R2" run one shape / design only (e.g. under ncu).
 // Designs: S warps per output row, U 16-byte loads in flight per lane, R rows per block, P the next
 // step's loads issued before this step's math. The lab of commit 53e6928 also timed persistent grids
 // and an RMSNorm prologue folded into the product; both lost and were dropped (the figures are in
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::printf("%-12s %-12s %9s %9s %9s\n", "shape", "design", "us/call", "GB/s", "max rel");
   for (const Shape& sh : shapes) {
+    if (!ingot::lab::selected("INGOT_LAB_SHAPE", sh.name)) continue;
     const int rows = sh.swiglu ? 2 * sh.N : sh.N;
     const size_t welems = size_t(rows) * size_t(sh.K);
     std::vector<bf16> hw(welems), hx(size_t(sh.K));  // [rows, K], [K]
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
       }
     }
     for (const Design& d : sh.swiglu ? designs<true>() : designs<false>()) {
+      if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
       ck(cudaMemset(y, 0, size_t(sh.N) * 2), "memset");
       cudaGraph_t g;
       cudaGraphExec_t ge;

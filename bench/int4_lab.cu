@@ -9,7 +9,8 @@
 // accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
 // (for a GPU machine without our Debian packages: BINS=int4_lab scripts/gpu-build here, then
-// LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there).
+// LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there). INGOT_LAB_SHAPE=l8b.gateup and
+// INGOT_LAB_DESIGN=lib run one shape name / design only (e.g. under ncu).
 // Written for this repository (its packed layout and kernels), as bench/gemv_lab.cu is.
 // Columns: design, shape, T (tokens), G (group), us/call (one product), GB/s (packed weight + scale +
 // zero bytes per call over its time), max err (the largest |y - ref| / (|ref| + 0.1 rms(ref)) over the
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
   bool failed = false;
   char line[256];
   for (const Shape& sh : shapes) {
+    if (!ingot::lab::selected("INGOT_LAB_SHAPE", sh.name)) continue;
     const int groups = sh.K / sh.G;
     const size_t wbytes = size_t(sh.N) * size_t(sh.K / 2), sbytes = size_t(sh.N) * size_t(groups) * 2,
                  zbytes = size_t(sh.N) * size_t(groups), copy = wbytes + sbytes + zbytes;
@@ -177,6 +179,7 @@ int main(int argc, char** argv) {
     int lg = 0;
     while ((1 << lg) < sh.G) ++lg;
     for (const Design& d : designs()) {
+      if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
       ck(cudaMemset(y, 0xff, size_t(sh.T) * size_t(sh.N) * 2), "memset");  // NaN until written
       cudaGraph_t g;
       cudaGraphExec_t ge;

@@ -63,6 +63,13 @@ inline float replay_ms(cudaGraphExec_t g, int reps, cudaStream_t s) {
   });
 }
 
+// Whether a lab runs `name`: every name unless the environment variable `var` (INGOT_LAB_SHAPE,
+// INGOT_LAB_DESIGN) is set, then only the names equal to it. Lets a profiler (ncu) see one kernel.
+inline bool selected(const char* var, const std::string& name) {
+  const char* only = std::getenv(var);
+  return !only || !*only || name == only;
+}
+
 inline std::string design_name(int S, int U, int R, bool P) {
   return "S" + std::to_string(S) + " U" + std::to_string(U) + " R" + std::to_string(R) + (P ? " P" : "");
 }

@@ -43,6 +43,7 @@ struct Chunk {
 
 struct Meta {
   std::vector<int32_t> row, slot, pos, kv_len;
+  std::vector<int32_t> order;  // TokenMeta::order, or empty: none given
 };
 
 inline Meta make_meta(const std::vector<Chunk>& chunks) {
@@ -58,7 +59,8 @@ inline Meta make_meta(const std::vector<Chunk>& chunks) {
 }
 
 inline TokenMeta put_meta(Side& s, const Meta& m) {
-  return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len)};
+  return {s.put_i32(m.row), s.put_i32(m.slot), s.put_i32(m.pos), s.put_i32(m.kv_len),
+          m.order.empty() ? nullptr : s.put_i32(m.order)};
 }
 
 class CudaOps : public CudaVsCpu {

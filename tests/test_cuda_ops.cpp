@@ -312,13 +312,14 @@ TEST_P(CudaOps, Attention) {
 }
 
 // Many decode rows: more (token, head group) items than the device runs at once, so the kernel hands
-// them out longest row first (attention.cu; with every row of one length the ranking is launch order
-// and is not counted). Checked against the CPU, and the remapping checked to change no bit: the same
-// tokens in the reverse order (another ranking of ties and of blocks) give each token the same bits.
+// them out longest row first by the ranking the Model uploads (TokenMeta::order; with every row of one
+// length the ranking is -1: launch order). Checked against the CPU, and the remapping checked to change
+// no bit: without a ranking (launch order), and the same tokens in the reverse order (another ranking of
+// ties and of blocks), each token gets the same bits.
 TEST_P(CudaOps, AttentionManyRowsLongestFirst) {
-  // Rows of unequal lengths (ranked), and of one length (the ranking is launch order: skipped).
+  // Rows of unequal lengths (ranked), and of one length (launch order).
   for (const auto& [window, equal] : {std::pair{0, false}, std::pair{150, false}, std::pair{0, true}, std::pair{150, true}}) {
-    const int64_t R = 200, q_heads = 16, kv_heads = 4, hd = 64, cap = 400;
+    const int64_t R = 300, q_heads = 16, kv_heads = 4, hd = 64, cap = 400;
     const CacheSpec cspec{R, kv_heads, cap, hd, true};
     Meta fwd;
     for (int64_t r = 0; r < R; ++r) {
@@ -329,8 +330,11 @@ TEST_P(CudaOps, AttentionManyRowsLongestFirst) {
       fwd.pos.push_back(std::max(len - 1, 0));
       fwd.kv_len.push_back(len);
     }
-    Meta rev = fwd;
+    Meta plain = fwd, rev = fwd;
     for (auto* v : {&rev.row, &rev.slot, &rev.pos, &rev.kv_len}) std::reverse(v->begin(), v->end());
+    fwd.order = longest_first_order(fwd.kv_len);
+    rev.order = longest_first_order(rev.kv_len);
+    ASSERT_EQ(fwd.order[0] < 0, equal);
     const int64_t QD = q_heads * hd;
     const std::vector<float> q = rnd(size_t(R * QD), 2.0f), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
     std::vector<float> q_rev(q.size());
@@ -353,10 +357,12 @@ TEST_P(CudaOps, AttentionManyRowsLongestFirst) {
       return s.get(o, size_t(R * QD));
     };
     const std::vector<float> got = run(*gpu_, *gpu_be_, fwd, q), got_rev = run(*gpu_, *gpu_be_, rev, q_rev);
+    const std::vector<float> got_plain = run(*gpu_, *gpu_be_, plain, q);
     const std::vector<float> want = run(*cpu_, *cpu_be_, fwd, q);
-    const std::string what = "200 decode rows of " + std::string(equal ? "one length" : "unequal lengths") +
+    const std::string what = std::to_string(R) + " decode rows of " + (equal ? "one length" : "unequal lengths") +
                              ", window " + std::to_string(window);
     expect_close(got, want, tol(), what);
+    ASSERT_EQ(got, got_plain) << what << ": the ranking changed bits";
     if (!equal)
       for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t(7 * QD + i)], 0.0f) << what << ": all-masked row";
     for (int64_t t = 0; t < R; ++t)

@@ -119,6 +119,16 @@ TEST(KvCache, DecodeStepMatchesForward) {
 
 // The op itself: a query whose row has no visible key (valid length 0) yields zeros, never NaN, and
 // the window excludes keys at slot <= p - window.
+// The ranking the CUDA decode attention starts its blocks by (TokenMeta::order): longest kv_len first,
+// ties by index; -1 first when every row has one length (launch order); empty for no rows.
+TEST(AttentionOp, LongestFirstOrderRanksByLengthThenIndex) {
+  EXPECT_EQ(longest_first_order({5, 9, 5, 0, 9, 7}), (std::vector<int32_t>{1, 4, 5, 0, 2, 3}));
+  EXPECT_EQ(longest_first_order({1, 2, 3}), (std::vector<int32_t>{2, 1, 0}));
+  EXPECT_EQ(longest_first_order({4, 4, 4}), (std::vector<int32_t>{-1, 1, 2}));
+  EXPECT_EQ(longest_first_order({8}), (std::vector<int32_t>{-1}));
+  EXPECT_TRUE(longest_first_order({}).empty());
+}
+
 TEST(AttentionOp, AllMaskedRowGivesZerosAndWindowIsExact) {
   auto be = make_cpu_backend(1);
   const int D = 4, cap = 8;

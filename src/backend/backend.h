@@ -5,12 +5,14 @@
 // their tokens, T in all, and per-token metadata says which cache row and slot each token belongs to.
 // Nothing here knows about models; nothing in src/models knows which backend runs it.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -57,7 +59,24 @@ struct TokenMeta {
   const int32_t* slot = nullptr;      // cache slot its K/V are written to (= row's write_index + i)
   const int32_t* rope_pos = nullptr;  // RoPE position (the slot unless explicit positions were given)
   const int32_t* kv_len = nullptr;    // valid length of its row after this call (write_index + chunk length)
+  // Optional, for attention over rows of one token each (decode): the tokens ranked by kv_len,
+  // descending, ties by index (longest_first_order), which the CUDA backend uses to start the longest
+  // rows first; order[0] = -1 when every token has the same kv_len. Null: none given.
+  const int32_t* order = nullptr;
 };
+
+// TokenMeta::order for tokens of one row each with these kv_lens (a permutation of [0, n), or -1 first
+// when all are equal).
+inline std::vector<int32_t> longest_first_order(const std::vector<int32_t>& kv_len) {
+  std::vector<int32_t> order(kv_len.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  if (std::adjacent_find(kv_len.begin(), kv_len.end(), std::not_equal_to<>()) == kv_len.end()) {
+    if (!order.empty()) order[0] = -1;
+    return order;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return kv_len[size_t(a)] > kv_len[size_t(b)]; });
+  return order;
+}
 
 struct RopeWriteParams {
   Mat qkv;                       // [T, (q_heads + 2*kv_heads) * head_dim]; q is rotated in place

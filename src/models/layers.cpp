@@ -124,6 +124,8 @@ void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
     ap.max_kv_len = c.max_kv_len;
     ap.rows = nrows;
     ap.meta = {at(c.meta.row), at(c.meta.slot), at(c.meta.rope_pos), at(c.meta.kv_len)};
+    // The ranking covers the call's leading one-token rows (Model::Prepared::order).
+    if (t0 == 0 && n == c.single_rows) ap.meta.order = c.meta.order;
     ap.cache = cache;
     c.be.attention(ap);
   };

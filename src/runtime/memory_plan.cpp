@@ -50,7 +50,7 @@ bool linear_weight(const ModelSpec& s, const WeightSpec& w) {
 }  // namespace
 
 size_t WorkspacePlan::total() const {
-  return 3 * hidden + qkv + attn + gate_up + act + conv + 6 * token_meta + gathered + logits + next_tokens + sample_params +
+  return 3 * hidden + qkv + attn + gate_up + act + conv + 7 * token_meta + gathered + logits + next_tokens + sample_params +
          sample_step + sample_seen + sample_counts + logprobs + inv_freq + linear_scratch + tp_logits + tp_index;
 }
 
@@ -150,7 +150,7 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   }
   size_t ws = 0;
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
-                   w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
+                   w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
                    w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq,
                    w.linear_scratch, w.tp_logits, w.tp_index})
     ws = z.add(ws, b);

@@ -35,7 +35,7 @@ struct WorkspacePlan {
   size_t hidden = 0;        // each of x, h and delta: [max_tokens, hidden]
   size_t qkv = 0, attn = 0, gate_up = 0, act = 0;
   size_t conv = 0;          // [max_tokens, conv_channels] linear layers' conv output (0 without them)
-  size_t token_meta = 0;    // each of the six int32 [max_tokens] metadata arrays
+  size_t token_meta = 0;    // each of the seven int32 [max_tokens] metadata arrays
   size_t gathered = 0, logits = 0;  // [max_logit_rows, hidden] and [max_logit_rows, vocab]
   // [3, max_batch] int32: the picks of a step, then the cache rows they were picked for (a launch_forward's
   // picks are not its token rows), then where a launched step feeds its rows from; the sampling state per cache row.

@@ -15,6 +15,7 @@ namespace ingot {
 struct Model::Prepared {
   std::vector<int32_t> ids, row, slot, rope_pos, kv_len, out_idx;
   std::vector<int32_t> out_row;  // [out_idx] the cache row of each output token
+  std::vector<int32_t> order;    // [single_rows] TokenMeta::order of the leading one-token rows
   int max_kv_len = 0;
   int rows = 0;
   int single_rows = 0;  // leading rows that carry one token each (decode rows of a mixed call)
@@ -110,7 +111,7 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
   ws(gate_up_, w.gate_up);
   ws(act_, w.act);
   if (w.conv) ws(conv_, w.conv);
-  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_}) ws(*b, w.token_meta);
+  for (Buffer* b : {&ids_, &row_, &slot_, &rope_pos_, &kv_len_, &out_idx_, &order_}) ws(*b, w.token_meta);
   ws(gathered_, w.gathered);
   ws(logits_, w.logits);
   ws(next_tokens_, w.next_tokens);
@@ -190,6 +191,8 @@ Model::Prepared Model::prepare(const Batch& b) const {
       p.kv_len.push_back(kv_len);
     }
   }
+  // The leading rows of one token each are the decode attention's rows: ranked for it (TokenMeta::order).
+  p.order = longest_first_order(std::vector<int32_t>(p.kv_len.begin(), p.kv_len.begin() + p.single_rows));
   return p;
 }
 
@@ -210,7 +213,8 @@ void Model::run_decoder(int64_t T, int max_kv_len, int rows, int single_rows) {
   }
   c.gate_up = mat(gate_up_.get(), adt, T, 2 * s.intermediate);
   c.act = mat(act_.get(), adt, T, s.intermediate);
-  c.meta = {row_.as<int32_t>(), slot_.as<int32_t>(), rope_pos_.as<int32_t>(), kv_len_.as<int32_t>()};
+  c.meta = {row_.as<int32_t>(), slot_.as<int32_t>(), rope_pos_.as<int32_t>(), kv_len_.as<int32_t>(),
+            order_.as<int32_t>()};
   c.inv_freq = inv_freq_.as<float>();
   c.rope_scale = rope_scale_;
   c.max_kv_len = max_kv_len;
@@ -232,6 +236,7 @@ void Model::upload_meta(const Prepared& p) {
   up(rope_pos_, p.rope_pos);
   up(kv_len_, p.kv_len);
   up(out_idx_, p.out_idx);
+  up(order_, p.order);
 }
 
 void Model::on_ranks(const std::function<void(Model& m, int rank)>& fn) {

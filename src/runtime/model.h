@@ -204,7 +204,7 @@ class Model {
 
   // Workspace, sized for max_tokens.
   Buffer x_, h_, delta_, qkv_, attn_, gate_up_, act_, conv_;  // activations, see ForwardContext
-  Buffer ids_, row_, slot_, rope_pos_, kv_len_, out_idx_;  // [max_tokens] int32 metadata
+  Buffer ids_, row_, slot_, rope_pos_, kv_len_, out_idx_, order_;  // [max_tokens] int32 metadata
   Buffer gathered_;  // [max_logit_rows, hidden]
   Buffer logits_;    // [max_logit_rows, vocab]
   Buffer inv_freq_;  // [rope_dim / 2] f32

@@ -56,7 +56,9 @@ struct AttnArgs {
   int64_t batch_stride, head_stride, slot_stride;
   int slices;      // blocks per (token, head group) along z
   int chunk;       // slice lengths are multiples of this many keys
-  int longest_first;  // 1: block i takes the (token, head group) of rank i, the tokens by visible keys, descending
+  // Longest first (see block_work): [T] the call's tokens by visible keys, descending, ties by index
+  // (TokenMeta::order; order[0] = -1 when every token sees as many keys), or null: launch order.
+  const int32_t* order;
   float* part_acc;  // [T, q_heads, slices, head_dim] unnormalised accumulators of the slices
   float* part_ml;   // [T, q_heads, slices, 2] their (max, sum), max in base-2 units
   int* counters;    // [T, q_heads / heads_per_block] finished slices, zero between uses
@@ -129,49 +131,23 @@ __device__ __forceinline__ Visible visible_keys(const AttnArgs& a, int64_t t) {
 
 // Longest first: with more (token, head group) items than the device runs at once and one slice per
 // token, blocks start in launch order, so rows of unequal lengths (as continuous batching leaves them)
-// would end with the longest rows started last and running alone. Block i (in launch order: x, then
-// y) takes instead the head group i % gridDim.y of the token ranked i / gridDim.y by visible keys,
-// descending, ties by index: the long rows start first and the short ones fill the gaps. Only which
-// block computes an item changes, not its arithmetic, so results are the same bits (and stay
-// batch-invariant). Every block ranks the call's tokens itself from shared memory: no host sort, no
-// extra buffer, and the order follows the lengths a captured graph reads at replay.
-constexpr int kMaxLongestFirst = 256;
-
-__device__ int longest_first_token(const AttnArgs& a, int rank) {
-  __shared__ int keys[kMaxLongestFirst];
-  __shared__ int token;
-  const int ntok = int(gridDim.x);
-  for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
-    const Visible v = visible_keys(a, t);
-    keys[t] = v.hi - v.lo;
-  }
-  __syncthreads();
-  // Equal lengths (a batch that started together): the ranking is launch order (ties go by index), so
-  // the quadratic count below is skipped. Why: on the H200 (Qwen3-8B shapes, bf16, equal lengths,
-  // prompt 128 + 64 new) decode ran 19,382 tok/s at batch 256 handed out longest first and 22,101 in
-  // launch order (INGOT_CUDA_ATTN_LONGEST_FIRST=0), batch 64 10,497 and 10,663. This path still loads
-  // the lengths; it was compiled but not yet timed or run on a GPU.
-  bool equal = true;
-  for (int t = threadIdx.x; t < ntok; t += blockDim.x) equal = equal && keys[t] == keys[0];
-  if (__syncthreads_and(equal)) return rank;
-  for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
-    const int n = keys[t];
-    int r = 0;
-    for (int u = 0; u < ntok; ++u) r += keys[u] > n || (keys[u] == n && u < t);
-    if (r == rank) token = t;  // ranks are a permutation: exactly one thread writes
-  }
-  __syncthreads();
-  return token;
-}
-
+// would end with the longest rows started last and running alone. With a.order, block i (in launch
+// order: x, then y) takes instead the head group i % gridDim.y of token order[i / gridDim.y]: the host
+// ranks the call's tokens by visible keys, descending, ties by index, when it uploads their metadata
+// (TokenMeta::order), so every head group of the long rows starts first and the short rows fill the
+// gaps. order[0] = -1 says the tokens are of one length: launch order then. Only which block computes
+// an item changes, not its arithmetic, so results are the same bits (and stay batch-invariant). The
+// ranking used to be made by every block from shared memory: a quadratic count that cost every block
+// its latency, wave after wave (H200, Qwen3-8B shapes, bf16, batch 256 of one length, prompt 128 + 256
+// new: 18,451 tok/s against 20,413 in launch order, even with the count skipped for one length).
 __device__ Work block_work(const AttnArgs& a) {
   Work w;
   w.t = blockIdx.x;
   int hg = blockIdx.y;  // head group
-  if (a.longest_first) {
+  if (a.order && a.order[0] >= 0) {
     const int i = int(blockIdx.y * gridDim.x + blockIdx.x);
     hg = i % int(gridDim.y);
-    w.t = longest_first_token(a, i / int(gridDim.y));
+    w.t = a.order[i / int(gridDim.y)];
   }
   const int groups = a.q_heads / a.kv_heads;
   const int per_kv = groups / a.heads_per_block;
@@ -698,7 +674,7 @@ void run(const char* name, Kernel kernel, AttnArgs a, int chunk, size_t smem, co
   // (finish_slices indexes its counters by blockIdx.y, so the remapping is for one slice only.)
   // INGOT_CUDA_ATTN_LONGEST_FIRST=0 keeps launch order (A/B knob, docs/cuda-backend.md).
   static const bool longest = env_knob("INGOT_CUDA_ATTN_LONGEST_FIRST", 1) != 0;
-  a.longest_first = longest && slices == 1 && p.rows == ntok && ntok <= kMaxLongestFirst && base_blocks > wave;
+  a.order = longest && slices == 1 && p.rows == ntok && base_blocks > wave ? p.meta.order : nullptr;
   a.chunk = chunk;
   a.part_acc = ws.floats;
   a.part_ml = ws.floats + ntok * p.q_heads * slices * p.head_dim;
@@ -758,7 +734,7 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
     }
   AttnArgs a{p.q.data, p.q.ld, p.out.data, p.out.ld, p.q_heads, p.kv_heads, p.head_dim, hpb, p.window,
              p.scale * kLog2e, p.meta.row, p.meta.slot, p.meta.kv_len, p.cache.k, p.cache.v, p.cache.batch_stride,
-             p.cache.head_stride, p.cache.slot_stride, 1, 1, 0, nullptr, nullptr, nullptr};
+             p.cache.head_stride, p.cache.slot_stride, 1, 1, nullptr, nullptr, nullptr, nullptr};
   a.slices = batch_invariant ? 1 : 0;
   // A/B knobs (docs/cuda-backend.md): INGOT_CUDA_ATTN_MIN_CHUNKS (chunks per slice at least) and
   // INGOT_CUDA_ATTN_EARLY_KV=0 (every copy after the wait, as before).

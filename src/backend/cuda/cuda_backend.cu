@@ -208,9 +208,21 @@ struct LtPlan {
 };
 
 constexpr size_t kLtWorkspace = size_t(32) << 20;
-constexpr int kTuneCandidates = 8;    // heuristic results timed for large products
+constexpr int kTuneCandidates = 8;    // heuristic results timed for large products (at most kMaxTuneCandidates)
+constexpr int kMaxTuneCandidates = 64;
 constexpr int64_t kTuneRows = 64;     // products with at least this many rows are timed
-constexpr float kTuneMargin = 1.2f;   // an alternative must be this much faster than the first choice
+constexpr int kTuneMarginPct = 20;    // an alternative must be this much faster (%) than the first choice
+
+// A/B knobs of the product tuning: INGOT_CUDA_TUNE_CANDIDATES (1..kMaxTuneCandidates) and
+// INGOT_CUDA_TUNE_MARGIN_PCT (0..100).
+int tune_candidates() {
+  static const int n = std::clamp(env_knob("INGOT_CUDA_TUNE_CANDIDATES", kTuneCandidates), 1, kMaxTuneCandidates);
+  return n;
+}
+float tune_margin() {
+  static const float m = 1.0f + float(std::clamp(env_knob("INGOT_CUDA_TUNE_MARGIN_PCT", kTuneMarginPct), 0, 100)) / 100.0f;
+  return m;
+}
 constexpr size_t kAttnScratchFloats = size_t(16) << 20;  // 64 MiB of split-KV partials
 constexpr size_t kAttnCounters = size_t(1) << 20;
 constexpr size_t kArgmaxScratchFloats = size_t(1) << 20;
@@ -634,10 +646,10 @@ class CudaBackend final : public Backend {
                     " rows; run without --batch-invariant");
       return p;
     }
-    cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
+    cublasLtMatmulHeuristicResult_t res[kMaxTuneCandidates]{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, kTuneCandidates, res, &found);
+        cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, tune_candidates(), res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check_lt(st, "AlgoGetHeuristic");
     if (found == 0)
@@ -697,7 +709,7 @@ class CudaBackend final : public Backend {
   // ms when its 128-row products were timed with L2 warm). The candidates include split-K ones of the
   // heuristic's own (reduced in a workspace, in a fixed order); split-K variants of the first choice added
   // beside them never won (INGOT_CUDA_TUNE_LOG=1 prints each shape's candidates). The fastest is kept if it
-  // beats the first choice by more than kTuneMargin, so near ties cannot flip between runs. The choice is
+  // beats the first choice by more than kTuneMarginPct, so near ties cannot flip between runs. The choice is
   // kept per process by (device, shape with rows rounded up to a power of two): every backend in a process
   // computes the same bits, and a new prompt length in a known bucket reuses the choice (checked for its
   // exact shape) instead of timing again.
@@ -756,7 +768,7 @@ class CudaBackend final : public Backend {
     size_t pick = 0;
     for (size_t i = 1; i < cands.size(); ++i)
       if (ms[i] < best) best = ms[i], pick = i;
-    if (best * kTuneMargin > first) pick = 0;
+    if (best * tune_margin() > first) pick = 0;
     // INGOT_CUDA_TUNE_LOG=1: each timed shape's candidates (split-K, us per call with L2 evicted).
     static const bool log = env_knob("INGOT_CUDA_TUNE_LOG", 0) == 1;
     if (log) {
