@@ -313,63 +313,70 @@ TEST_P(CudaOps, Attention) {
 
 // Many decode rows: more (token, head group) items than the device runs at once, so the kernel hands
 // them out longest row first by the ranking the Model uploads (TokenMeta::order; with every row of one
-// length the ranking is -1: launch order). Checked against the CPU, and the remapping checked to change
-// no bit: without a ranking (launch order), and the same tokens in the reverse order (another ranking of
-// ties and of blocks), each token gets the same bits.
+// length the ranking is -1: launch order), and 16-bit calls take the tensor-core decode kernel
+// (attention_decode_mma.cu; groups of 4 and 16 query heads, head_dim 64 and 128). Checked against the
+// CPU, and the remapping checked to change no bit: without a ranking (launch order), and the same
+// tokens in the reverse order (another ranking of ties and of blocks), each token gets the same bits.
 TEST_P(CudaOps, AttentionManyRowsLongestFirst) {
-  // Rows of unequal lengths (ranked), and of one length (launch order).
-  for (const auto& [window, equal] : {std::pair{0, false}, std::pair{150, false}, std::pair{0, true}, std::pair{150, true}}) {
-    const int64_t R = 300, q_heads = 16, kv_heads = 4, hd = 64, cap = 400;
-    const CacheSpec cspec{R, kv_heads, cap, hd, true};
-    Meta fwd;
-    for (int64_t r = 0; r < R; ++r) {
-      // Unequal: row 7 sees nothing.
-      const int32_t len = equal ? 321 : r == 7 ? 0 : int32_t(1 + (r * 37) % (cap - 1));
-      fwd.row.push_back(int32_t(r));
-      fwd.slot.push_back(std::max(len - 1, 0));
-      fwd.pos.push_back(std::max(len - 1, 0));
-      fwd.kv_len.push_back(len);
+  struct Shape {
+    int64_t R, q_heads, kv_heads, hd, cap;
+  };
+  for (const Shape& sh : {Shape{300, 16, 4, 64, 400}, Shape{120, 32, 8, 128, 160}, Shape{250, 32, 2, 128, 96},
+                          Shape{200, 16, 8, 128, 96}})
+    // Rows of unequal lengths (ranked), and of one length (launch order).
+    for (const auto& [window, equal] : {std::pair{0, false}, std::pair{50, false}, std::pair{0, true}, std::pair{50, true}}) {
+      const int64_t R = sh.R, q_heads = sh.q_heads, kv_heads = sh.kv_heads, hd = sh.hd, cap = sh.cap;
+      const CacheSpec cspec{R, kv_heads, cap, hd, true};
+      Meta fwd;
+      for (int64_t r = 0; r < R; ++r) {
+        // Unequal: row 7 sees nothing.
+        const int32_t len = equal ? int32_t(cap * 4 / 5) : r == 7 ? 0 : int32_t(1 + (r * 37) % (cap - 1));
+        fwd.row.push_back(int32_t(r));
+        fwd.slot.push_back(std::max(len - 1, 0));
+        fwd.pos.push_back(std::max(len - 1, 0));
+        fwd.kv_len.push_back(len);
+      }
+      Meta plain = fwd, rev = fwd;
+      for (auto* v : {&rev.row, &rev.slot, &rev.pos, &rev.kv_len}) std::reverse(v->begin(), v->end());
+      fwd.order = longest_first_order(fwd.kv_len);
+      rev.order = longest_first_order(rev.kv_len);
+      ASSERT_EQ(fwd.order[0] < 0, equal);
+      const int64_t QD = q_heads * hd;
+      const std::vector<float> q = rnd(size_t(R * QD), 2.0f), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
+      std::vector<float> q_rev(q.size());
+      for (int64_t t = 0; t < R; ++t) std::copy_n(q.begin() + (R - 1 - t) * QD, QD, q_rev.begin() + t * QD);
+      auto run = [&](Side& s, Backend& be, const Meta& m, const std::vector<float>& qv) {
+        AttentionParams p;
+        void* o = s.put(std::vector<float>(size_t(R * QD), 7.0f));
+        p.q = s.m(s.put(qv), R, QD);
+        p.out = s.m(o, R, QD);
+        p.q_heads = int(q_heads);
+        p.kv_heads = int(kv_heads);
+        p.head_dim = int(hd);
+        p.window = window;
+        p.scale = 1.0f / std::sqrt(float(hd));
+        p.max_kv_len = int(cap);  // as a captured decode graph bounds it
+        p.rows = int(R);
+        p.meta = put_meta(s, m);
+        p.cache = cspec.view(s.put(kc), s.put(vc), s.dt);
+        be.attention(p);
+        return s.get(o, size_t(R * QD));
+      };
+      const std::vector<float> got = run(*gpu_, *gpu_be_, fwd, q), got_rev = run(*gpu_, *gpu_be_, rev, q_rev);
+      const std::vector<float> got_plain = run(*gpu_, *gpu_be_, plain, q);
+      const std::vector<float> want = run(*cpu_, *cpu_be_, fwd, q);
+      const std::string what = std::to_string(R) + " decode rows of " + (equal ? "one length" : "unequal lengths") +
+                               ", " + std::to_string(q_heads) + "/" + std::to_string(kv_heads) + " heads of " +
+                               std::to_string(hd) + ", window " + std::to_string(window);
+      expect_close(got, want, tol(), what);
+      ASSERT_EQ(got, got_plain) << what << ": the ranking changed bits";
+      if (!equal)
+        for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t(7 * QD + i)], 0.0f) << what << ": all-masked row";
+      for (int64_t t = 0; t < R; ++t)
+        for (int64_t i = 0; i < QD; ++i)
+          ASSERT_EQ(got[size_t(t * QD + i)], got_rev[size_t((R - 1 - t) * QD + i)])
+              << what << ": token " << t << " differs when the rows come in the reverse order";
     }
-    Meta plain = fwd, rev = fwd;
-    for (auto* v : {&rev.row, &rev.slot, &rev.pos, &rev.kv_len}) std::reverse(v->begin(), v->end());
-    fwd.order = longest_first_order(fwd.kv_len);
-    rev.order = longest_first_order(rev.kv_len);
-    ASSERT_EQ(fwd.order[0] < 0, equal);
-    const int64_t QD = q_heads * hd;
-    const std::vector<float> q = rnd(size_t(R * QD), 2.0f), kc = rnd(cspec.elems()), vc = rnd(cspec.elems());
-    std::vector<float> q_rev(q.size());
-    for (int64_t t = 0; t < R; ++t) std::copy_n(q.begin() + (R - 1 - t) * QD, QD, q_rev.begin() + t * QD);
-    auto run = [&](Side& s, Backend& be, const Meta& m, const std::vector<float>& qv) {
-      AttentionParams p;
-      void* o = s.put(std::vector<float>(size_t(R * QD), 7.0f));
-      p.q = s.m(s.put(qv), R, QD);
-      p.out = s.m(o, R, QD);
-      p.q_heads = int(q_heads);
-      p.kv_heads = int(kv_heads);
-      p.head_dim = int(hd);
-      p.window = window;
-      p.scale = 1.0f / std::sqrt(float(hd));
-      p.max_kv_len = int(cap);  // as a captured decode graph bounds it
-      p.rows = int(R);
-      p.meta = put_meta(s, m);
-      p.cache = cspec.view(s.put(kc), s.put(vc), s.dt);
-      be.attention(p);
-      return s.get(o, size_t(R * QD));
-    };
-    const std::vector<float> got = run(*gpu_, *gpu_be_, fwd, q), got_rev = run(*gpu_, *gpu_be_, rev, q_rev);
-    const std::vector<float> got_plain = run(*gpu_, *gpu_be_, plain, q);
-    const std::vector<float> want = run(*cpu_, *cpu_be_, fwd, q);
-    const std::string what = std::to_string(R) + " decode rows of " + (equal ? "one length" : "unequal lengths") +
-                             ", window " + std::to_string(window);
-    expect_close(got, want, tol(), what);
-    ASSERT_EQ(got, got_plain) << what << ": the ranking changed bits";
-    if (!equal)
-      for (int64_t i = 0; i < QD; ++i) ASSERT_EQ(got[size_t(7 * QD + i)], 0.0f) << what << ": all-masked row";
-    for (int64_t t = 0; t < R; ++t)
-      for (int64_t i = 0; i < QD; ++i)
-        ASSERT_EQ(got[size_t(t * QD + i)], got_rev[size_t((R - 1 - t) * QD + i)])
-            << what << ": token " << t << " differs when the rows come in the reverse order";
-  }
 }
 
 TEST_P(CudaOps, GraphReplayMatchesDirect) {

@@ -717,6 +717,8 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
   // Many query tokens per row, 16-bit: the tensor-core kernel (not batch-invariant: its roundings differ
   // from the decode kernel's, so a prompt token would not match the same token decoded).
   if (!batch_invariant && launch_attention_prefill(p, s)) return;
+  // Many rows of one token each, 16-bit: the tensor-core decode kernel (not batch-invariant either).
+  if (!batch_invariant && launch_attention_decode_mma(p, s)) return;
   const int groups = p.q_heads / p.kv_heads;
   const size_t es = dtype_size(p.q.dtype);
   auto aligned = [&](const void* ptr, int64_t stride) { return aligned16(ptr, stride, es); };

@@ -135,6 +135,10 @@ void launch_attention(const AttentionParams& p, const Scratch& ws, cudaStream_t 
 // The tensor-core prefill kernel (attention_prefill.cu); false, launching nothing, when the call does
 // not suit it (f32, few query tokens, head_dim other than 64/128, unaligned rows).
 bool launch_attention_prefill(const AttentionParams& p, cudaStream_t s);
+// The tensor-core decode kernel (attention_decode_mma.cu) for calls of one token per row with more
+// (token, kv head) items than the device holds at once; false, launching nothing, otherwise (f32,
+// head_dim other than 64/128, more than 16 query heads per kv head, unaligned rows, few rows).
+bool launch_attention_decode_mma(const AttentionParams& p, cudaStream_t s);
 void launch_swiglu(const Mat& gate_up, const Mat& out, cudaStream_t s);
 void launch_sigmoid_gate(const Mat& x, const Mat& gate, const Mat& out, cudaStream_t s);
 void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cudaStream_t s);
