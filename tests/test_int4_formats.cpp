@@ -41,6 +41,7 @@ struct Case {
   bool sym = true;
   bool act_order = false;    // gptq desc_act with a scattered g_idx
   std::string fixture = "llama3";
+  bool i8_zero_points = false;  // compressed-tensors: zero points one signed byte each (releases before 0.10)
 };
 
 std::ostream& operator<<(std::ostream& o, const Case& c) { return o << c.name; }
@@ -201,7 +202,13 @@ std::map<std::string, Known> write_folders(const Case& c, const std::string& qdi
       if (!c.sym) {
         std::vector<int> zv(k.zero.size());
         for (size_t i = 0; i < zv.size(); ++i) zv[i] = int(k.zero[i]) - 8;
-        qt.emplace(p + ".weight_zero_point", ct_pack(zv, k.out, k.groups, 0));
+        if (!c.i8_zero_points) {
+          qt.emplace(p + ".weight_zero_point", ct_pack(zv, k.out, k.groups, 0));
+        } else {
+          HostTensor z(DType::I8, {k.out, k.groups});
+          for (size_t i = 0; i < zv.size(); ++i) reinterpret_cast<int8_t*>(z.data())[i] = int8_t(zv[i]);
+          qt.emplace(p + ".weight_zero_point", std::move(z));
+        }
       }
       HostTensor shp(DType::I32, {2});
       shp.as<int32_t>()[0] = int32_t(k.out);
@@ -283,6 +290,8 @@ const Case kCases[] = {
     {"ct_group_asym_g64", "compressed-tensors", "group", 64, false, false},
     {"ct_channel_sym", "compressed-tensors", "channel", -1, true, false},
     {"ct_channel_asym_qwen2", "compressed-tensors", "channel", -1, false, false, "qwen2"},
+    {"ct_group_asym_g64_i8_zeros", "compressed-tensors", "group", 64, false, false, "llama3", true},
+    {"ct_channel_asym_i8_zeros_qwen3", "compressed-tensors", "channel", -1, false, false, "qwen3", true},
 };
 
 class Int4Formats : public ::testing::TestWithParam<Case> {};
@@ -522,6 +531,14 @@ TEST(Int4FormatsBadTensors, MalformedTensorsAreRefusedNamingTheTensor) {
                      {"'" + q + ".qweight' has shape [8, 64], expected [64, 8]"});
   expect_build_error(ct_case(), [&](json&, Tensors& t) { t.at(q + ".weight_zero_point") = HostTensor(DType::I32, {64, 1}); },
                      {"'" + q + ".weight_zero_point' has shape [64, 1], expected [8, 1]"});
+  // Zero points one signed byte each (the form of compressed-tensors releases before 0.10).
+  expect_build_error(ct_case(), [&](json&, Tensors& t) { t.at(q + ".weight_zero_point") = HostTensor(DType::I8, {8, 1}); },
+                     {"'" + q + ".weight_zero_point' (I8, one zero point per value) has shape [8, 1], expected [64, 1]"});
+  expect_build_error(ct_case(), [&](json&, Tensors& t) {
+    HostTensor z(DType::I8, {64, 1});
+    reinterpret_cast<int8_t*>(z.data())[5] = 9;
+    t.at(q + ".weight_zero_point") = std::move(z);
+  }, {"'" + q + ".weight_zero_point' holds zero point 9 at [5, 0], outside the 4-bit range -8..7"});
   expect_build_error(ct_case(), [&](json&, Tensors& t) { t.at(q + ".weight_shape").as<int32_t>()[1] = 65; },
                      {"'" + q + ".weight_shape' says [64, 65]"});
   expect_build_error(ct_case(), [&](json&, Tensors& t) { t.erase(q + ".weight_shape"); }, {q + ".weight_shape"});

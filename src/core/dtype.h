@@ -11,7 +11,7 @@
 namespace ingot {
 
 // U8 holds packed INT4 weights (two 4-bit values a byte, src/quant/int4.h); no activation is ever U8.
-enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8 };
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, I8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -21,6 +21,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::I8: return 1;
   }
   return 0;
 }
@@ -33,6 +34,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::I32: return "i32";
     case DType::I64: return "i64";
     case DType::U8: return "u8";
+    case DType::I8: return "i8";
   }
   return "?";
 }

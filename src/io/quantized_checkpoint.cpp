@@ -9,7 +9,9 @@
 //          column o/8 (AutoAWQ's interleave); scales [groups, out]; zeros as stored.
 //   compressed-tensors pack-quantized: weight_packed [out, in/8] i32, input i at bits 4*(i%8), the
 //          signed value + 8; weight_scale [out, groups]; weight_zero_point [out/8, groups] i32 packed
-//          along the output rows, also + 8 (asymmetric only); weight_shape [2] = [out, in].
+//          along the output rows, also + 8 (asymmetric only), or, as releases before 0.10 saved it,
+//          weight_zero_point [out, groups] i8 signed (the zero nibble is the value + 8); weight_shape
+//          [2] = [out, in].
 // Every format computes value = (q - zero) * scale, which the runtime's (nibble - zero) * scale repeats
 // exactly with nibble and zero as stored (the compressed-tensors offsets cancel).
 #include "io/quantized_checkpoint.h"
@@ -256,8 +258,17 @@ void check_module(const PublishedQuant& q, const Checkpoint& ck, const Module& m
       throw Error(ck.dir() + ": tensor '" + names[3] + "' says [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) +
                   "], the config implies [" + std::to_string(m.out) + ", " + std::to_string(m.in) + "]");
     if (!q.symmetric) {
-      need_multiple_of_8(ck, m, m.out, "output");
-      expect(ck, names[2], false, {m.out / 8, m.groups});
+      // Two forms: packed eight to an int32 along the rows (compressed-tensors 0.10 on), or one signed
+      // byte per value, [out, groups] (earlier releases saved the zero-point parameter as it was).
+      const TensorEntry& zp = ck.get(names[2]);
+      if (zp.dtype == DType::I8) {
+        if (zp.shape != Shape{m.out, m.groups})
+          throw Error(ck.dir() + ": tensor '" + names[2] + "' (I8, one zero point per value) has shape " +
+                      shape_str(zp.shape) + ", expected " + shape_str({m.out, m.groups}));
+      } else {
+        need_multiple_of_8(ck, m, m.out, "output");
+        expect(ck, names[2], false, {m.out / 8, m.groups});
+      }
     } else if (ck.has(names[2])) {
       throw Error(ck.dir() + ": tensor '" + names[2] + "' is present but the scheme is symmetric (no zero points)");
     }
@@ -317,8 +328,18 @@ Unpacked unpack(const PublishedQuant& q, const Checkpoint& ck, const Module& m) 
     if (!q.symmetric) {
       const TensorEntry& zp = ck.get(names[2]);
       for (int64_t o = 0; o < m.out; ++o)
-        for (int64_t g = 0; g < m.groups; ++g)
-          u.zero[size_t(o * m.groups + g)] = uint8_t((u32_at(zp, size_t((o / 8) * m.groups + g)) >> (4 * (o % 8))) & 15u);
+        for (int64_t g = 0; g < m.groups; ++g) {
+          if (zp.dtype != DType::I8) {
+            u.zero[size_t(o * m.groups + g)] = uint8_t((u32_at(zp, size_t((o / 8) * m.groups + g)) >> (4 * (o % 8))) & 15u);
+            continue;
+          }
+          // The signed zero point; the stored nibble is the signed value + 8, so its zero is zp + 8.
+          const int v = int(reinterpret_cast<const int8_t*>(zp.data)[o * m.groups + g]);
+          if (v < -8 || v > 7)
+            throw Error(ck.dir() + ": tensor '" + names[2] + "' holds zero point " + std::to_string(v) + " at [" +
+                        std::to_string(o) + ", " + std::to_string(g) + "], outside the 4-bit range -8..7");
+          u.zero[size_t(o * m.groups + g)] = uint8_t(v + 8);
+        }
     }
   }
   for (size_t k = 0; k < u.scale.size(); ++k)

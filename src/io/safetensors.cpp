@@ -23,6 +23,7 @@ bool parse_st_dtype(const std::string& s, DType& out) {
   else if (s == "BF16") out = DType::BF16;
   else if (s == "I32") out = DType::I32;
   else if (s == "I64") out = DType::I64;
+  else if (s == "I8") out = DType::I8;  // compressed-tensors zero points of releases before 0.10
   else return false;
   return true;
 }
@@ -35,6 +36,7 @@ const char* st_dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::I8: return "I8";
   }
   return "?";
 }

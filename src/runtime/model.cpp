@@ -229,7 +229,9 @@ void Model::advance_lengths(const Batch& b) {
 }
 
 void Model::upload_meta(const Prepared& p) {
-  auto up = [&](Buffer& dst, const std::vector<int32_t>& v) { be_.upload(dst.get(), v.data(), v.size() * sizeof(int32_t)); };
+  auto up = [&](Buffer& dst, const std::vector<int32_t>& v) {
+    if (!v.empty()) be_.upload(dst.get(), v.data(), v.size() * sizeof(int32_t));  // an empty vector's data() may be null
+  };
   up(ids_, p.ids);
   up(row_, p.row);
   up(slot_, p.slot);
