@@ -1,5 +1,7 @@
 // Masked attention over the KV cache for decode and other calls with few query tokens per row (the
-// tensor-core prefill kernel of attention_prefill.cu takes calls with many). Split-KV
+// tensor-core prefill kernel of attention_prefill.cu takes calls with many, and the tensor-core decode
+// kernel of attention_decode_mma.cu 16-bit calls of many one-token rows; batch-invariant mode keeps
+// every call of few tokens per row here). Split-KV
 // ("flash-decoding"): a block takes one token, one kv head with the query heads that share it (GQA:
 // each K/V byte read serves them all) and one slice of the token's visible keys, runs an online
 // softmax in f32 over them, merges its four warps in shared memory, and either writes the output (the
