@@ -105,17 +105,30 @@ TEST(AwqBuild, IsDeterministicAndRecordsItsCalibration) {
 }
 
 // On the calibration data: every weight's output error is at most RTN's (alpha 0 is RTN and is in the
-// grid), strictly less in sum, and the whole model's logits move less from the unquantized ones.
+// grid), strictly less in sum; the clip search lowers the sum further (each group's ratio is chosen
+// for that group's error alone, ratio 1 being RTN, so only the sum over groups' cross terms is not
+// bounded per weight), its ratios are on the grid; and the whole model's logits move less from the
+// unquantized ones.
 TEST(AwqBuild, CalibrationErrorIsAtMostRoundToNearest) {
   const std::vector<int32_t> cal = first(read_calibration("", demo_ids("calibration"), "", 32000), 2048);
   Engine e = build(demo(), std::nullopt);
   const std::vector<AwqChoice> ch = quantize_engine_awq(e, cal, 64);
-  double rtn = 0, awq = 0;
+  double rtn = 0, awq = 0, clipped = 0;
+  int64_t below_one = 0;
   for (const AwqChoice& c : ch) {
     EXPECT_LE(c.err_awq, c.err_rtn) << c.name;
-    rtn += c.err_rtn, awq += c.err_awq;
+    rtn += c.err_rtn, awq += c.err_awq, clipped += c.err_clip;
+    const HostTensor& t = e.get(c.name);  // packed [out, in/2]: the clip ratios are [out, in/64]
+    ASSERT_EQ(int64_t(c.clip.size()), t.shape()[0] * (t.shape()[1] * 2 / 64)) << c.name;
+    for (float r : c.clip) {
+      const float step = (1.0f - r) / 0.05f;
+      ASSERT_TRUE(r > 0.5f && r <= 1.0f && std::fabs(step - std::round(step)) < 1e-3f) << c.name << ": clip " << r;
+      below_one += r < 1.0f;
+    }
   }
   EXPECT_LT(awq, rtn);
+  EXPECT_LT(clipped, awq);
+  EXPECT_GT(below_one, 0);
 
   const std::vector<int32_t> probe = first(cal, 256);
   const HostTensor ref = logits(build(demo(), std::nullopt), probe);

@@ -213,26 +213,35 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
 }
 
 // Stores `t` (a weight [out, in] in the engine dtype) under `name` as INT4: packed values and scales.
-void put_int4(Engine& eng, const std::string& name, const HostTensor& t, int64_t group) {
+void put_int4(Engine& eng, const std::string& name, const HostTensor& t, int64_t group, const float* clip) {
   const int64_t rows = t.shape()[0], cols = t.shape()[1];
   std::vector<float> f(size_t(t.numel()));
   convert_to_f32(t.dtype(), t.data(), f.data(), f.size());
   HostTensor packed(DType::U8, int4_packed_shape(t.shape()));
   HostTensor scales(eng.weight_dtype, int4_scales_shape(t.shape(), group));
-  quantize_int4(f.data(), rows, cols, group, eng.weight_dtype, packed.as<uint8_t>(), scales.data());
+  quantize_int4(f.data(), rows, cols, group, eng.weight_dtype, packed.as<uint8_t>(), scales.data(), clip);
   eng.weights.insert_or_assign(name, std::move(packed));
   eng.weights.insert_or_assign(name + kInt4ScalesSuffix, std::move(scales));
 }
 
 }  // namespace
 
-void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag, bool lm_head) {
+void quantize_engine_int4(Engine& eng, int64_t group, const std::string& flag, bool lm_head,
+                          const std::map<std::string, std::vector<float>>* clip) {
   if (eng.quant) throw Error(flag + ": the engine is already quantized");
   const WeightTable table = weight_table(eng.spec);
   QuantConfig q = plan_int4(table, group, flag, lm_head);
   for (const std::string& name : q.tensors) {
     const HostTensor t = std::move(eng.weights.at(name));
-    put_int4(eng, name, t, group);
+    const float* c = nullptr;
+    if (clip)
+      if (auto it = clip->find(name); it != clip->end()) {
+        if (int64_t(it->second.size()) != t.shape()[0] * (t.shape()[1] / group))
+          throw Error("quantize_engine_int4: " + std::to_string(it->second.size()) + " clip ratios for weight '" + name +
+                      "' " + shape_str(t.shape()) + " in groups of " + std::to_string(group));
+        c = it->second.data();
+      }
+    put_int4(eng, name, t, group, c);
   }
   eng.provenance["quantization"] = quant_json(&q, eng.weight_dtype);
   eng.quant = std::move(q);
@@ -365,7 +374,7 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
     // (A published checkpoint's plain linear weights, modules it left unquantized, stay as they are.)
     const bool to_int4 = quant && !published &&
                          std::find(quant->tensors.begin(), quant->tensors.end(), w.name) != quant->tensors.end();
-    if (to_int4) put_int4(eng, w.name, t, quant->group_size);
+    if (to_int4) put_int4(eng, w.name, t, quant->group_size, nullptr);
     else if (o.sink) o.sink(eng, w, std::move(t));  // t, the whole weight, goes at the end of this step
     else eng.weights.emplace(w.name, std::move(t));
     for (const Source& p : parts[i]) done += p.view.nbytes();

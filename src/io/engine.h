@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -77,8 +78,10 @@ DType build_dtype(const std::string& dir, const ModelSpec& spec, std::optional<D
 // (a group size that is not allowed or does not divide a weight's input dimension, checked before any
 // weight changes).
 // lm_head: the untied LM head too (--quantize-lm-head; plan_int4 refuses a tied one).
+// clip: per weight name, [out, in/group] clip ratios for quantize_int4 (the activation-aware build's);
+// weights not named take plain RTN.
 void quantize_engine_int4(Engine& engine, int64_t group_size, const std::string& flag = "--group-size",
-                          bool lm_head = false);
+                          bool lm_head = false, const std::map<std::string, std::vector<float>>* clip = nullptr);
 // The runtime name -> (shape, dtype) of every tensor an engine of `spec` with weights in `dtype` and
 // quantization `quant` (or none) holds: the family's table, with INT4 weights packed and their scales.
 std::map<std::string, std::pair<Shape, DType>> engine_tensor_shapes(const ModelSpec& spec, DType dtype,

@@ -44,7 +44,8 @@ QuantConfig plan_int4(const WeightTable& table, int64_t g, const std::string& fl
 Shape int4_packed_shape(const Shape& s) { return {s.at(0), s.at(1) / 2}; }
 Shape int4_scales_shape(const Shape& s, int64_t g) { return {s.at(0), s.at(1) / g}; }
 
-void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType sdt, uint8_t* packed, void* scales) {
+void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType sdt, uint8_t* packed, void* scales,
+                   const float* clip) {
   const int64_t groups = cols / g;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < groups; ++k) {
@@ -52,7 +53,7 @@ void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t g, DType 
       float amax = 0.0f;
       for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
       // The stored scale is what dequantization multiplies by, so round it first and divide by it.
-      float s = amax / 7.0f;
+      float s = (clip ? clip[r * groups + k] * amax : amax) / 7.0f;
       convert_from_f32(sdt, &s, static_cast<uint8_t*>(scales) + size_t(r * groups + k) * dtype_size(sdt), 1);
       convert_to_f32(sdt, static_cast<const uint8_t*>(scales) + size_t(r * groups + k) * dtype_size(sdt), &s, 1);
       uint8_t* out = packed + (r * cols + k * g) / 2;

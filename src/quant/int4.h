@@ -69,11 +69,12 @@ std::string int4_group_problem(int64_t group_size, int64_t cols);
 void check_int4_zeros(const std::string& name, const uint8_t* zeros, int64_t n);
 void check_int4_perm(const std::string& name, const int32_t* perm, int64_t in);
 
-// Round to nearest, per group: scale = max|w| / 7 rounded to scale_dtype, nibble = clamp(round(w /
+// Round to nearest, per group: scale = clip * max|w| / 7 rounded to scale_dtype, nibble = clamp(round(w /
 // scale), -7, 7) + 8 (a group of zeros gets scale 0). w [rows, cols] f32; packed [rows, cols/2];
-// scales [rows, cols/group] in scale_dtype.
+// scales [rows, cols/group] in scale_dtype; clip [rows, cols/group] in (0, 1], or null: every clip 1
+// (plain RTN; the activation-aware build searches smaller ones, runtime/awq.h).
 void quantize_int4(const float* w, int64_t rows, int64_t cols, int64_t group_size, DType scale_dtype, uint8_t* packed,
-                   void* scales);
+                   void* scales, const float* clip = nullptr);
 // weights.quantization of an engine file: "none", or the object docs/quantization.md describes.
 nlohmann::json quant_json(const QuantConfig* q, DType scale_dtype);
 

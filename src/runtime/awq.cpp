@@ -167,7 +167,64 @@ std::vector<float> search_awq_scales(const float* w, int64_t out, int64_t in, co
       best = s;
     }
   }
+  choice.s = best;
   return best;
+}
+
+void search_awq_clip(const float* w, int64_t out, int64_t in, const AwqActivations& act, int64_t group,
+                     DType sdt, AwqChoice& choice) {
+  const int64_t groups = in / group, kept = act.kept;
+  // The folded weight's input: the kept rows divided by the weight's input scales.
+  std::vector<double> xs(size_t(kept * in));  // [kept, in]
+  for (int64_t n = 0; n < kept; ++n)
+    for (int64_t c = 0; c < in; ++c)
+      xs[size_t(n * in + c)] = double(act.rows[size_t(n * in + c)]) / double(choice.s.empty() ? 1.0f : choice.s[size_t(c)]);
+  choice.clip.assign(size_t(out * groups), 1.0f);
+  std::vector<double> row_err(size_t(out), 0.0);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t o = 0; o < out; ++o) {
+    std::vector<uint8_t> packed(size_t(group / 2)), scale(dtype_size(sdt));
+    std::vector<double> delta(static_cast<size_t>(group));
+    for (int64_t k = 0; k < groups; ++k) {
+      const float* wg = w + o * in + k * group;
+      double best = INFINITY;
+      for (int i = 0; i < kAwqClipGrid; ++i) {
+        const float r = 1.0f - 0.05f * float(i);
+        quantize_int4(wg, 1, group, group, sdt, packed.data(), scale.data(), &r);  // the build's own rounding
+        float sc = 0.0f;
+        convert_to_f32(sdt, scale.data(), &sc, 1);
+        for (int64_t j = 0; j < group; ++j) {
+          const int nib = (j % 2 == 0) ? (packed[size_t(j / 2)] & 15) : (packed[size_t(j / 2)] >> 4);
+          delta[size_t(j)] = double(float(nib - 8) * sc) - double(wg[j]);
+        }
+        double err = 0.0;
+        for (int64_t n = 0; n < kept; ++n) {
+          const double* x = xs.data() + n * in + k * group;
+          double y = 0.0;
+          for (int64_t j = 0; j < group; ++j) y += delta[size_t(j)] * x[j];
+          err += y * y;
+        }
+        if (err < best) {  // ratio 1 first: a tie keeps plain RTN
+          best = err;
+          choice.clip[size_t(o * groups + k)] = r;
+        }
+      }
+    }
+  }
+  // The weight's whole output error with the chosen ratios (the cross terms between groups included).
+  std::vector<float> d(size_t(out * in));
+  std::vector<uint8_t> packed(size_t(out * in / 2)), scales(size_t(out * groups) * dtype_size(sdt));
+  quantize_int4(w, out, in, group, sdt, packed.data(), scales.data(), choice.clip.data());
+  std::vector<float> sc(size_t(out * groups));
+  convert_to_f32(sdt, scales.data(), sc.data(), sc.size());
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t c = 0; c < in; ++c) {
+      const uint8_t b = packed[size_t((o * in + c) / 2)];
+      const int nib = (c % 2 == 0) ? (b & 15) : (b >> 4);
+      const float s = choice.s.empty() ? 1.0f : choice.s[size_t(c)];
+      d[size_t(o * in + c)] = (float(nib - 8) * sc[size_t(o * groups + c / group)] - w[o * in + c]) / s;
+    }
+  choice.err_clip = output_error(d, out, in, act);
 }
 
 std::vector<AwqChoice> apply_awq_scales(Engine& eng, const std::vector<int32_t>& ids, int64_t group,
@@ -233,6 +290,13 @@ std::vector<AwqChoice> apply_awq_scales(Engine& eng, const std::vector<int32_t>&
     divide_rows(layer_name(l, "mlp_norm"), 0, s_gu, sp.hidden);
     scale_cols("w_down", s_down);
     divide_rows(layer_name(l, "w_gate_up"), I, s_down, I);
+    // The layer's four weights are final now: the clip search on each (its input is x / s).
+    for (size_t c = choices.size() - 4; c < choices.size(); ++c) {
+      const HostTensor& t = eng.get(choices[c].name);
+      const std::vector<float> w = f32_of(t);
+      search_awq_clip(w.data(), t.shape()[0], t.shape()[1], acts.at(choices[c].name), group, eng.weight_dtype,
+                      choices[c]);
+    }
   }
   return choices;
 }
@@ -241,10 +305,13 @@ std::vector<AwqChoice> quantize_engine_awq(Engine& eng, const std::vector<int32_
                                            const std::string& flag, bool lm_head) {
   if (lm_head) plan_int4(weight_table(eng.spec), group, "--group-size", true);  // a tied head refused first
   std::vector<AwqChoice> choices = apply_awq_scales(eng, ids, group, flag);
-  quantize_engine_int4(eng, group, "--group-size", lm_head);
+  std::map<std::string, std::vector<float>> clip;
+  for (const AwqChoice& c : choices) clip[c.name] = c.clip;
+  quantize_engine_int4(eng, group, "--group-size", lm_head, &clip);
   nlohmann::json alphas = nlohmann::json::object();
   for (const AwqChoice& c : choices) alphas[c.name] = c.alpha;
-  eng.provenance["activation_aware"] = {{"calibration_tokens", ids.size()}, {"grid", kAwqGrid}, {"alpha", alphas}};
+  eng.provenance["activation_aware"] = {
+      {"calibration_tokens", ids.size()}, {"grid", kAwqGrid}, {"clip_grid", kAwqClipGrid}, {"alpha", alphas}};
   return choices;
 }
 

@@ -26,6 +26,7 @@ inline constexpr int64_t kAwqKeptRows = 256;         // activation rows per weig
 inline constexpr int64_t kAwqMinTokens = 16;         // fewer calibration tokens say nothing about channels
 inline constexpr int64_t kAwqMaxTokens = 1 << 18;    // a bound on the CPU forward's time
 inline constexpr int64_t kAwqChunk = 512;            // tokens per calibration forward (one cache row)
+inline constexpr int kAwqClipGrid = 10;              // clip ratios 1, 0.95, ..., 0.55 (1 is plain RTN)
 
 // What the search chose for one weight: alpha, and the output error sum_x ||(Q(W s) s^-1 - W) x||^2 on
 // the kept calibration rows for alpha 0 (plain RTN) and for the chosen alpha.
@@ -33,6 +34,9 @@ struct AwqChoice {
   std::string name;
   float alpha = 0.0f;
   double err_rtn = 0.0, err_awq = 0.0;
+  std::vector<float> s;                // [in] the chosen input scales (ones for alpha 0)
+  std::vector<float> clip;             // [out, in/group] the chosen clip ratios (search_awq_clip)
+  double err_clip = 0.0;               // the output error with those clip ratios (<= err_awq)
 };
 
 // Per-input-channel activation statistics of one linear weight over the calibration tokens.
@@ -52,13 +56,23 @@ std::map<std::string, AwqActivations> collect_awq_activations(const Engine& eng,
 std::vector<float> search_awq_scales(const float* w, int64_t out, int64_t in, const AwqActivations& act,
                                      std::vector<double> mean_abs, int64_t group, DType scale_dtype, AwqChoice& choice);
 
+// AWQ's second search, per (row, group) of a weight already scaled, w' = W diag(s) [out, in] (f32 values
+// of the engine dtype), whose input is x / s: the clip ratio r of the grid whose round to nearest with
+// group scale r * max|w'| / 7 (quantize_int4's clip) leaves the least output error of that group,
+// sum over the kept rows of (sum_i (Q(w')_i - w'_i) x_i / s_i)^2; r = 1 is plain RTN, so no group's error
+// grows. A smaller scale costs no fold, so it stays exact in any weight dtype. Sets choice.clip and
+// choice.err_clip (the weight's whole output error with the chosen ratios).
+void search_awq_clip(const float* w, int64_t out, int64_t in, const AwqActivations& act, int64_t group,
+                     DType scale_dtype, AwqChoice& choice);
+
 // Searches every layer's four scales on `ids` and folds them into the engine (still unquantized; the
 // function the engine computes is unchanged bit for bit up to the folding's exactness, see above).
 // Error naming `flag` for an unsupported family or an already quantized engine.
 std::vector<AwqChoice> apply_awq_scales(Engine& eng, const std::vector<int32_t>& ids, int64_t group,
                                         const std::string& flag = "--calibration");
 
-// apply_awq_scales then quantize_engine_int4; the engine's provenance records the calibration.
+// apply_awq_scales, search_awq_clip on every folded weight, then quantize_engine_int4 with those clip
+// ratios; the engine's provenance records the calibration.
 // lm_head: the untied LM head too, by plain RTN (its input, the final norm's output, gets no scales).
 std::vector<AwqChoice> quantize_engine_awq(Engine& eng, const std::vector<int32_t>& ids, int64_t group,
                                            const std::string& flag = "--calibration", bool lm_head = false);
