@@ -9,6 +9,7 @@
 #include <map>
 
 #include "backend/forwarding_backend.h"
+#include "backend/int4_row.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "models/family.h"
@@ -76,24 +77,29 @@ double output_error(const std::vector<float>& d, int64_t out, int64_t in, const 
   return total;
 }
 
+// Q(w) [out, in]: the build's RTN (quantize_int4, with clip ratios or none), read back as every reader
+// dequantizes it (dequantize_int4_row).
+std::vector<float> rtn_values(const float* w, int64_t out, int64_t in, int64_t group, DType sdt, const float* clip) {
+  const int64_t groups = in / group;
+  const size_t srow = size_t(groups) * dtype_size(sdt);
+  std::vector<uint8_t> packed(size_t(out * in / 2)), scales(size_t(out) * srow);  // [out, in/2], [out, in/group]
+  quantize_int4(w, out, in, group, sdt, packed.data(), scales.data(), clip);
+  std::vector<float> q(size_t(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    dequantize_int4_row(packed.data() + o * (in / 2), scales.data() + size_t(o) * srow, sdt, in, group, q.data() + o * in);
+  return q;
+}
+
 // Q(W diag(s)) diag(s)^-1 - W, with Q the build's RTN (same scale dtype, same rounding).
 std::vector<float> quant_delta(const float* w, int64_t out, int64_t in, const std::vector<float>& s, int64_t group,
                                DType sdt) {
   std::vector<float> ws(size_t(out * in));  // [out, in]
   for (int64_t o = 0; o < out; ++o)
     for (int64_t c = 0; c < in; ++c) ws[size_t(o * in + c)] = w[o * in + c] * s[size_t(c)];
-  std::vector<uint8_t> packed(size_t(out * in / 2));                        // [out, in/2]
-  std::vector<uint8_t> scales(size_t(out * (in / group)) * dtype_size(sdt));  // [out, in/group]
-  quantize_int4(ws.data(), out, in, group, sdt, packed.data(), scales.data());
-  std::vector<float> sc(size_t(out * (in / group)));
-  convert_to_f32(sdt, scales.data(), sc.data(), sc.size());
+  const std::vector<float> q = rtn_values(ws.data(), out, in, group, sdt, nullptr);
   for (int64_t o = 0; o < out; ++o)
-    for (int64_t c = 0; c < in; ++c) {
-      const uint8_t b = packed[size_t((o * in + c) / 2)];
-      const int nib = (c % 2 == 0) ? (b & 15) : (b >> 4);
-      const float v = float(nib - 8) * sc[size_t(o * (in / group) + c / group)];
-      ws[size_t(o * in + c)] = v / s[size_t(c)] - w[o * in + c];
-    }
+    for (int64_t c = 0; c < in; ++c)
+      ws[size_t(o * in + c)] = q[size_t(o * in + c)] / s[size_t(c)] - w[o * in + c];
   return ws;
 }
 
@@ -180,10 +186,10 @@ void search_awq_clip(const float* w, int64_t out, int64_t in, const AwqActivatio
     for (int64_t c = 0; c < in; ++c)
       xs[size_t(n * in + c)] = double(act.rows[size_t(n * in + c)]) / double(choice.s.empty() ? 1.0f : choice.s[size_t(c)]);
   choice.clip.assign(size_t(out * groups), 1.0f);
-  std::vector<double> row_err(size_t(out), 0.0);
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t o = 0; o < out; ++o) {
     std::vector<uint8_t> packed(size_t(group / 2)), scale(dtype_size(sdt));
+    std::vector<float> qg(static_cast<size_t>(group));
     std::vector<double> delta(static_cast<size_t>(group));
     for (int64_t k = 0; k < groups; ++k) {
       const float* wg = w + o * in + k * group;
@@ -191,12 +197,8 @@ void search_awq_clip(const float* w, int64_t out, int64_t in, const AwqActivatio
       for (int i = 0; i < kAwqClipGrid; ++i) {
         const float r = 1.0f - 0.05f * float(i);
         quantize_int4(wg, 1, group, group, sdt, packed.data(), scale.data(), &r);  // the build's own rounding
-        float sc = 0.0f;
-        convert_to_f32(sdt, scale.data(), &sc, 1);
-        for (int64_t j = 0; j < group; ++j) {
-          const int nib = (j % 2 == 0) ? (packed[size_t(j / 2)] & 15) : (packed[size_t(j / 2)] >> 4);
-          delta[size_t(j)] = double(float(nib - 8) * sc) - double(wg[j]);
-        }
+        dequantize_int4_row(packed.data(), scale.data(), sdt, group, group, qg.data());
+        for (int64_t j = 0; j < group; ++j) delta[size_t(j)] = double(qg[size_t(j)]) - double(wg[j]);
         double err = 0.0;
         for (int64_t n = 0; n < kept; ++n) {
           const double* x = xs.data() + n * in + k * group;
@@ -212,17 +214,11 @@ void search_awq_clip(const float* w, int64_t out, int64_t in, const AwqActivatio
     }
   }
   // The weight's whole output error with the chosen ratios (the cross terms between groups included).
-  std::vector<float> d(size_t(out * in));
-  std::vector<uint8_t> packed(size_t(out * in / 2)), scales(size_t(out * groups) * dtype_size(sdt));
-  quantize_int4(w, out, in, group, sdt, packed.data(), scales.data(), choice.clip.data());
-  std::vector<float> sc(size_t(out * groups));
-  convert_to_f32(sdt, scales.data(), sc.data(), sc.size());
+  std::vector<float> d = rtn_values(w, out, in, group, sdt, choice.clip.data());
   for (int64_t o = 0; o < out; ++o)
     for (int64_t c = 0; c < in; ++c) {
-      const uint8_t b = packed[size_t((o * in + c) / 2)];
-      const int nib = (c % 2 == 0) ? (b & 15) : (b >> 4);
       const float s = choice.s.empty() ? 1.0f : choice.s[size_t(c)];
-      d[size_t(o * in + c)] = (float(nib - 8) * sc[size_t(o * groups + c / group)] - w[o * in + c]) / s;
+      d[size_t(o * in + c)] = (d[size_t(o * in + c)] - w[o * in + c]) / s;
     }
   choice.err_clip = output_error(d, out, in, act);
 }
