@@ -37,7 +37,7 @@ Design design() {
   Design d;
   d.name = ingot::lab::design_name(S, U, R, P);
   d.launch = [](const GemvArgs& a, cudaStream_t s) {
-    ingot::cuda::launch("gemv_lab", ingot::cuda::gemv::kernel<bf16, S, U, R, P, SW>, dim3(unsigned((a.N + R - 1) / R)),
+    ingot::cuda::launch("gemv_lab", ingot::cuda::gemv::kernel<bf16, S, U, R, P, SW, false>, dim3(unsigned((a.N + R - 1) / R)),
                         dim3(R * S * 32), 0, s, a);
   };
   return d;

@@ -375,8 +375,7 @@ __global__ void __launch_bounds__(kThreads, Fast<T, D>::MIN_BLOCKS) attention_fa
     for (int c = 0; c < C::STAGES - 1; ++c)
       if (c < nch) issue(c, 1);
   }
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   if (w.active == 0) {
     if (blockIdx.z == 0) write_zeros<T>(a, w);
     return;
@@ -535,8 +534,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs a) {
   // The work split reads only the call's metadata (rows, slots, lengths), which the host uploads
   // before the step and no kernel writes: it runs before the wait, under the previous kernel's tail.
   const Work w = block_work(a);
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   if (w.active == 0) {
     if (blockIdx.z == 0) write_zeros<T>(a, w);
     return;
@@ -642,11 +640,10 @@ int wave_blocks(Kernel kernel, size_t smem) {
   // exactly 48 KiB of dynamic memory would not fit without it.
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attention kernel shared memory");
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), "attention occupancy");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   if (per_sm < 1) throw Error("cuda backend: an attention kernel does not fit on a multiprocessor");
-  return cache[key] = per_sm * sms;
+  return cache[key] = per_sm * device_sm_count();
 }
 
 // Sizes the grid (from max_kv_len and the device only) and launches.

@@ -93,8 +93,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(DecodePa
   const int h0 = kvh * p.group;  // first query head of the group
   T* og = static_cast<T*>(p.out) + int64_t(t) * p.out_ld + int64_t(h0) * D;
 
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   if (hi <= lo) {  // nothing visible: zeros, as the other kernels give
     for (int i = threadIdx.x; i < p.group * D; i += kThreads) og[i] = from_f<T>(0.f);
     return;
@@ -279,10 +278,7 @@ int resident_blocks() {
 // Launches when the call has more (token, kv head) items than the device holds at once; false otherwise.
 template <typename T, int D>
 bool launch_decode(const DecodeParams& dp, int64_t ntok, int kv_heads, cudaStream_t s) {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  const int64_t wave = int64_t(resident_blocks<T, D>()) * sms;
+  const int64_t wave = int64_t(resident_blocks<T, D>()) * device_sm_count();
   if (wave < 1 || ntok * kv_heads <= wave) return false;
   DecodeParams p = dp;
   launch("attention_decode_mma_kernel", attention_decode_mma_kernel<T, D>,

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -51,6 +53,41 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// The same pair in the other order, for the short kernels that sit between two weight-streaming
+// products (add+RMSNorm, RoPE, decode attention): once every block of this kernel has started, the
+// next kernel may be scheduled, so a product's blocks become resident while this kernel still waits
+// and runs, and stream their weight into L2 before their own wait (gemv.cu). Only scheduling moves:
+// the next kernel's pdl_wait still waits for this kernel to complete, and this one for its own
+// predecessor, so completion stays transitive. At most one kernel runs ahead, because a product
+// triggers only after its wait.
+__device__ __forceinline__ void pdl_trigger_then_wait() {
+  pdl_trigger();
+  pdl_wait();
+}
+
+// Streams bytes [p, p + n) into L2 without waiting for them (the copy engine of the SM does it:
+// one instruction per piece); p 16-byte aligned, n a multiple of 16. A hint: no result depends on it.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#endif
+}
+
+// Multiprocessors of the current device, asked of the driver once per device (launchers size grids
+// by it on every call, graph capture included).
+inline int device_sm_count() {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return cache[dev] = sms;
 }
 
 // Whether launches allow programmatic dependent launch; INGOT_CUDA_PDL=0 turns it off (for A/B

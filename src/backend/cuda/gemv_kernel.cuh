@@ -10,7 +10,8 @@
 
 namespace ingot::cuda::gemv {
 
-constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait
+constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait (without a bulk prefetch)
+constexpr int kPrefetchPiece = 16384;  // bytes per bulk prefetch instruction
 
 struct GemvArgs {
   const void* x;     // [K] Tx
@@ -19,12 +20,18 @@ struct GemvArgs {
   const void* bias;  // [N] T or null
   void* y;           // [N] Tx
   int N, K;
+  // Bulk prefetch before the wait (gemv.cu, prefetch_plan): blocks [0, pf_blocks) each stream bytes
+  // [b * pf_share, min((b + 1) * pf_share, pf_bytes)) of every weight region (the gate and the up rows
+  // are two regions) into L2: the head of the weight the first waves read. pf_bytes 0: no bulk
+  // prefetch; each block then prefetches the head of its own rows.
+  int64_t pf_bytes, pf_share;
+  int pf_blocks;
 };
 
 // kSwiglu: the warp computes gate row n and up row n + N of w ([2N, K]) and writes
 // silu(gate) * up, each rounded to Tx first exactly as linear followed by swiglu would round them.
 // kPipe: the next step's loads are issued before this step's math (two register buffers).
-template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu, typename Tx = T>
+template <typename T, int S, int U, int R, bool kPipe, bool kSwiglu, bool kEarly, typename Tx = T>
 __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   constexpr int V = 16 / int(sizeof(T));  // elements per 16-byte load
   constexpr int RW = kSwiglu ? 2 : 1;     // weight rows per output
@@ -37,13 +44,21 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
 #pragma unroll
   for (int q = 0; q < RW; ++q) {
     wr[q] = static_cast<const T*>(a.w) + (int64_t(nn) + int64_t(q) * a.N) * a.w_ld;
+    if (a.pf_bytes > 0) {
+      if (int(blockIdx.x) >= a.pf_blocks) continue;
+      const char* region = static_cast<const char*>(a.w) + int64_t(q) * a.N * a.w_ld * int64_t(sizeof(T));
+      const int64_t lo = int64_t(blockIdx.x) * a.pf_share;
+      const int64_t hi = lo + a.pf_share < a.pf_bytes ? lo + a.pf_share : a.pf_bytes;
+      for (int64_t off = lo + int64_t(threadIdx.x) * kPrefetchPiece; off < hi;
+           off += int64_t(blockDim.x) * kPrefetchPiece)
+        prefetch_l2_bulk(region + off, uint32_t(hi - off < kPrefetchPiece ? hi - off : kPrefetchPiece));
+      continue;
+    }
     const int head = a.K < kPrefetchBytes / int(sizeof(T)) ? a.K : kPrefetchBytes / int(sizeof(T));
     for (int k = (part * 32 + lane) * (128 / int(sizeof(T))); k < head; k += S * 32 * (128 / int(sizeof(T))))
       asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[q] + k));
   }
-  pdl_wait();
-  pdl_trigger();
-  const Tx* x = static_cast<const Tx*>(a.x);
+  const Tx* x = static_cast<const Tx*>(a.x);  // read only after the wait
   float acc[RW];
 #pragma unroll
   for (int q = 0; q < RW; ++q) acc[q] = 0.f;
@@ -76,8 +91,26 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
     }
   };
   const int k0 = (part * 32 + lane) * V;
+  // The first step's weights: with kEarly they are loaded before the wait, so a block made
+  // resident while the kernel before still runs (that kernel triggers first: pdl_trigger_then_wait)
+  // has its first loads in flight by the time x is ready (for K up to U * step, its whole rows).
+  // A full first step loads unpredicated, as the loop's full steps do. Without kEarly the kernel is
+  // the one before early loads, instruction for instruction (gemv.cu's A/B knob).
+  uint4 A[U][RW];
+  [[maybe_unused]] const bool full0 = !kPipe && k0 + (U - 1) * step < a.K;
+  if constexpr (kEarly) {
+    if (full0) load(A, k0, false);
+    else load(A, k0, true);
+  }
+  pdl_wait();
+  pdl_trigger();
   if constexpr (!kPipe) {
     int k = k0;
+    if constexpr (kEarly) {
+      if (full0) math(A, k0, false);
+      else math(A, k0, true);
+      k += U * step;
+    }
     for (; k + (U - 1) * step < a.K; k += U * step) {
       uint4 raw[U][RW];
       load(raw, k, false);
@@ -89,9 +122,9 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
       math(raw, k, true);
     }
   } else {
-    uint4 A[U][RW], B[U][RW];
+    uint4 B[U][RW];
     int k = k0;
-    load(A, k, true);
+    if constexpr (!kEarly) load(A, k, true);
     while (k < a.K) {
       const int kb = k + U * step;
       if (kb < a.K) load(B, kb, true);

@@ -45,8 +45,7 @@ __device__ __forceinline__ float block_sum(float ss) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(RmsNormArgs a) {
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   const int64_t t = blockIdx.x;
   T* x = static_cast<T*>(a.x) + t * a.x_ld;
   const T* d = a.delta ? static_cast<const T*>(a.delta) + t * a.delta_ld : nullptr;
@@ -81,8 +80,7 @@ __global__ void __launch_bounds__(kThreads) add_rmsnorm_vec_kernel(RmsNormArgs a
 #pragma unroll
     for (int i = 0; i < V; ++i) w[c][i] = vi < nvec ? load_any(a.weight, a.weight_dtype, int64_t(vi) * V + i) : 0.f;
   }
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   T* x = static_cast<T*>(a.x) + t * a.x_ld;
   const T* d = a.delta ? static_cast<const T*>(a.delta) + t * a.delta_ld : nullptr;
   uint4 xr[NV], dr[NV];

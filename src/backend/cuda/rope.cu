@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) rope_cache_write_kernel(RopeArgs 
   }
   // kWarps * 32 >= kMaxHeadDim / 2: one pair per thread at most.
   const float invf = int(threadIdx.x) < half ? a.inv_freq[threadIdx.x] : 0.f;
-  pdl_wait();
-  pdl_trigger();
+  pdl_trigger_then_wait();
   const int64_t t = blockIdx.x;
   float* cs = smem + kWarps * D;  // [half] cos * attn_scale, then [half] sin * attn_scale
   if (int(threadIdx.x) < half) {

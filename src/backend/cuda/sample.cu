@@ -856,9 +856,7 @@ struct Plan {
 // in more, smaller blocks, each pass after the first then reading shared memory.
 template <typename T>
 Plan plan_for(int64_t rows, int64_t vocab) {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int sms = device_sm_count();
   const Limits& l = limits<T>();
   int c = l.max_ranks;
   if (ranks_override() > 0)
