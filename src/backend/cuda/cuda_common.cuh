@@ -60,8 +60,11 @@ __device__ __forceinline__ void pdl_trigger() {
 // next kernel may be scheduled, so a product's blocks become resident while this kernel still waits
 // and runs, and stream their weight into L2 before their own wait (gemv.cu). Only scheduling moves:
 // the next kernel's pdl_wait still waits for this kernel to complete, and this one for its own
-// predecessor, so completion stays transitive. At most one kernel runs ahead, because a product
-// triggers only after its wait.
+// predecessor, so completion stays transitive. Early starts chain through consecutive kernels of
+// this kind (RoPE then attention: the O product's blocks may start while the QKV product still runs)
+// and stop at the first kernel that triggers after its wait (every product), so the work any kernel
+// does before its wait must read only what no kernel of the step writes: weights and the metadata
+// the host uploads before the step.
 __device__ __forceinline__ void pdl_trigger_then_wait() {
   pdl_trigger();
   pdl_wait();

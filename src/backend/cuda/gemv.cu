@@ -42,7 +42,6 @@ int64_t prefetch_budget() {
 // (w_ld == K) for the head to be one run of bytes.
 void prefetch_plan(GemvArgs& a, int regions, int64_t elem_size, int64_t blocks) {
   a.pf_bytes = a.pf_share = 0;
-  a.pf_blocks = 0;
   const int64_t budget = prefetch_budget();
   if (budget == 0 || a.w_ld != a.K) return;
   const int64_t region = int64_t(a.N) * a.K * elem_size;
@@ -50,7 +49,6 @@ void prefetch_plan(GemvArgs& a, int regions, int64_t elem_size, int64_t blocks) 
   const int64_t users = std::min<int64_t>(blocks, device_sm_count());
   if (want == 0 || users < 1) return;
   a.pf_share = (want / users + 15) / 16 * 16;
-  a.pf_blocks = int((want + a.pf_share - 1) / a.pf_share);
   a.pf_bytes = want;
 }
 
@@ -126,7 +124,7 @@ bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
 
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
   if (!gemv_suits(x, w, y)) return false;
-  const GemvArgs a{x.data, w.data, w.ld, bias, y.data, int(w.rows), int(w.cols), 0, 0, 0};
+  const GemvArgs a{x.data, w.data, w.ld, bias, y.data, int(w.rows), int(w.cols), 0, 0};
   launch_any<false>(w.dtype, x.dtype, a, s);
   return true;
 }
@@ -134,7 +132,7 @@ bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cud
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s) {
   if (!gemv_suits(x, w_gate_up, out) || w_gate_up.rows % 2 != 0) return false;
   const GemvArgs a{x.data, w_gate_up.data, w_gate_up.ld, nullptr, out.data, int(w_gate_up.rows / 2),
-                   int(w_gate_up.cols), 0, 0, 0};
+                   int(w_gate_up.cols), 0, 0};
   launch_any<true>(w_gate_up.dtype, x.dtype, a, s);
   return true;
 }

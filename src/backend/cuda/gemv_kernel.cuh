@@ -20,12 +20,11 @@ struct GemvArgs {
   const void* bias;  // [N] T or null
   void* y;           // [N] Tx
   int N, K;
-  // Bulk prefetch before the wait (gemv.cu, prefetch_plan): blocks [0, pf_blocks) each stream bytes
+  // Bulk prefetch before the wait (gemv.cu, prefetch_plan): block b streams bytes
   // [b * pf_share, min((b + 1) * pf_share, pf_bytes)) of every weight region (the gate and the up rows
-  // are two regions) into L2: the head of the weight the first waves read. pf_bytes 0: no bulk
-  // prefetch; each block then prefetches the head of its own rows.
+  // are two regions) into L2, an empty range past the first blocks: the head of the weight the first
+  // waves read. pf_bytes 0: no bulk prefetch; each block then prefetches the head of its own rows.
   int64_t pf_bytes, pf_share;
-  int pf_blocks;
 };
 
 // kSwiglu: the warp computes gate row n and up row n + N of w ([2N, K]) and writes
@@ -45,7 +44,6 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   for (int q = 0; q < RW; ++q) {
     wr[q] = static_cast<const T*>(a.w) + (int64_t(nn) + int64_t(q) * a.N) * a.w_ld;
     if (a.pf_bytes > 0) {
-      if (int(blockIdx.x) >= a.pf_blocks) continue;
       const char* region = static_cast<const char*>(a.w) + int64_t(q) * a.N * a.w_ld * int64_t(sizeof(T));
       const int64_t lo = int64_t(blockIdx.x) * a.pf_share;
       const int64_t hi = lo + a.pf_share < a.pf_bytes ? lo + a.pf_share : a.pf_bytes;
