@@ -69,11 +69,13 @@ TEST_P(CudaOps, Linear) {
     bool bias;
   };
   // One token (the GEMV kernel: each split of K it takes, one, two and four warps per row, with their
-  // full and tail steps and a last block of rows past N), odd K (cuBLASLt fallback) and more tokens
-  // (cuBLASLt).
+  // full and tail steps and a last block of rows past N), 2..8 tokens (the tensor-core kernel in 16
+  // bits: its splits from one to sixteen warps a tile, K not a multiple of a step, N not of 16), odd K
+  // (cuBLASLt fallback) and more tokens (cuBLASLt).
   for (Shape s : {Shape{1, 37, 64, false}, Shape{1, 129, 1024, true}, Shape{1, 70, 1096, false},
                   Shape{1, 33, 2048, true}, Shape{1, 131, 3072, false}, Shape{1, 65, 4104, true},
-                  Shape{3, 129, 1096, true}, Shape{8, 70, 2048, false},
+                  Shape{3, 129, 1096, true}, Shape{8, 70, 2048, false}, Shape{2, 37, 64, false},
+                  Shape{4, 4099, 72, true}, Shape{7, 300, 4104, false}, Shape{8, 1000, 1024, true},
                   Shape{5, 33, 67, true}, Shape{17, 70, 130, false}, Shape{64, 256, 512, true}}) {
     auto x = rnd(size_t(s.T * s.K)), w = rnd(size_t(s.N * s.K), 0.05f), b = rnd(size_t(s.N));
     Side& g = *gpu_;
@@ -83,6 +85,35 @@ TEST_P(CudaOps, Linear) {
     cpu_be_->linear(c.m(c.put(x), s.T, s.K), c.m(c.put(w), s.N, s.K), s.bias ? c.put(b) : nullptr, c.m(cy, s.T, s.N));
     expect_close(g.get(gy, size_t(s.T * s.N)), c.get(cy, size_t(s.T * s.N)), tol(),
                  "linear T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+  }
+}
+
+// 2..8 tokens (the tensor-core product): a token's outputs do not depend on which tokens share the
+// call or where it sits among them, bit for bit (each output's sum has one order, whatever T is).
+TEST_P(CudaOps, FewTokenProductIsTheSameForEveryTokenWhateverTheCall) {
+  if (dt_ == DType::F32) GTEST_SKIP() << "the tensor-core product takes 16-bit activations";
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {1000, 1096}, {24576, 256}}) {
+    auto x = rnd(size_t(8 * K)), w = rnd(size_t(N * K), 0.05f), b = rnd(size_t(N));
+    Side& g = *gpu_;
+    void *gx = g.put(x), *gw = g.put(w), *gb = g.put(b);
+    void* all = g.put(std::vector<float>(size_t(8 * N)));
+    gpu_be_->linear(g.m(gx, 8, K), g.m(gw, N, K), gb, g.m(all, 8, N));
+    const auto ref = g.get(all, size_t(8 * N));
+    // Tokens 3..5 as a call of three; tokens 5 and 0 as a call of two (token 5 first).
+    void* x35 = g.put(std::vector<float>(x.begin() + 3 * K, x.begin() + 6 * K));
+    void* y35 = g.put(std::vector<float>(size_t(3 * N)));
+    gpu_be_->linear(g.m(x35, 3, K), g.m(gw, N, K), gb, g.m(y35, 3, N));
+    EXPECT_EQ(g.get(y35, size_t(3 * N)), std::vector<float>(ref.begin() + 3 * N, ref.begin() + 6 * N))
+        << "tokens 3..5 of 8 against a call of those three, N=" << N << " K=" << K;
+    std::vector<float> x5(x.begin() + 5 * K, x.begin() + 6 * K);
+    x5.insert(x5.end(), x.begin(), x.begin() + K);
+    void* y50 = g.put(std::vector<float>(size_t(2 * N)));
+    gpu_be_->linear(g.m(g.put(x5), 2, K), g.m(gw, N, K), gb, g.m(y50, 2, N));
+    const auto got = g.get(y50, size_t(2 * N));
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + N), std::vector<float>(ref.begin() + 5 * N, ref.begin() + 6 * N))
+        << "token 5 of 8 against the first of two, N=" << N << " K=" << K;
+    EXPECT_EQ(std::vector<float>(got.begin() + N, got.end()), std::vector<float>(ref.begin(), ref.begin() + N))
+        << "token 0 of 8 against the second of two, N=" << N << " K=" << K;
   }
 }
 

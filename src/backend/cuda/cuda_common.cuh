@@ -193,9 +193,10 @@ void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaS
 // The logprobs op (logprobs.cu): one block per row, no scratch.
 void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
                      float* top_lp, cudaStream_t s);
-// y = x w^T (+bias) for one token, bandwidth bound; x and y in w's dtype, or f32 with 16-bit w (x read
-// unrounded, bias in w's dtype). Returns false when the shapes or alignment do not suit it (the
-// caller then uses cuBLASLt).
+// y = x w^T (+bias) for one token, bandwidth bound, x and y in w's dtype, or f32 with 16-bit w (x read
+// unrounded, bias in w's dtype); or for 2..8 tokens of 16-bit x in w's dtype on the tensor cores (each
+// token's outputs the same whichever tokens share the call). Returns false when the shapes or
+// alignment do not suit it (the caller then uses cuBLASLt).
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
 // out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for one token (dtypes as launch_gemv); false
 // when it does not suit.

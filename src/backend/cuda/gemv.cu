@@ -1,5 +1,7 @@
-// y = x w^T (+bias) for one token: a weight-streaming kernel (cuBLASLt's GEMM tiles waste most of
-// their work at this size). S warps share each output row, each reading its own interleaved 16-byte
+// y = x w^T (+bias) for one to eight tokens: weight-streaming kernels (cuBLASLt's GEMM tiles waste
+// most of their work at these sizes). Two to eight tokens of 16-bit x take the tensor-core kernel of
+// tc_gemv_kernel.cuh (the weights read once for all tokens); one token the CUDA-core kernel below.
+// For one token: S warps share each output row, each reading its own interleaved 16-byte
 // columns of it (a warp's lanes read 512 contiguous bytes per load), U loads in flight per lane, R rows
 // per block; the S partial sums meet in shared memory and are added in warp order. x is re-read from
 // L1/L2. With the SwiGLU epilogue a warp reads the gate row and the up row of one output, so the MLP's
@@ -23,6 +25,7 @@
 #include <type_traits>
 
 #include "backend/cuda/gemv_kernel.cuh"
+#include "backend/cuda/tc_gemv_kernel.cuh"
 
 namespace ingot::cuda {
 namespace {
@@ -36,11 +39,12 @@ int64_t prefetch_budget() {
   return kb > 0 ? kb * 1024 : 0;
 }
 
-// The bulk prefetch of the head of the weight (GemvArgs::pf_*): the budget split over its regions,
+// The bulk prefetch of the head of the weight (the pf_* fields of both kernels' arguments): the budget split over its regions,
 // each region's share split over the first wave's first blocks (one per SM: blocks are dispatched in
 // index order, so they are the ones resident while the kernel before drains). Rows must be contiguous
 // (w_ld == K) for the head to be one run of bytes.
-void prefetch_plan(GemvArgs& a, int regions, int64_t elem_size, int64_t blocks) {
+template <typename A>
+void prefetch_plan(A& a, int regions, int64_t elem_size, int64_t blocks) {
   a.pf_bytes = a.pf_share = 0;
   const int64_t budget = prefetch_budget();
   if (budget == 0 || a.w_ld != a.K) return;
@@ -108,29 +112,80 @@ void launch_any(DType wdt, DType xdt, const GemvArgs& a, cudaStream_t s) {
   });
 }
 
-// Whether the GEMV kernel takes x [T, K], w [rows, K] and y: one token (on the H200, Qwen3-8B shapes,
-// bf16, 2026-12-02, cuBLASLt was faster from two tokens on, and far faster at eight: decode tok/s at
-// batch 2/4/8 377/749/1,435 against 358/605/596 for a multi-token GEMV), x and y in w's dtype or f32
-// beside a 16-bit w, 16-byte rows.
+// Whether the GEMV kernels take x [T, K], w [rows, K] and y: x and y in w's dtype or f32 beside a
+// 16-bit w, 16-byte rows, and one token (the CUDA-core kernel), or 2..kTcTokens tokens of 16-bit x in
+// w's dtype (the tensor-core kernel; on the H200, Qwen3-8B shapes, bf16, 2026-12-02, cuBLASLt had been
+// faster than a CUDA-core GEMV from two tokens on: decode tok/s at batch 2/4/8 377/749/1,435 against
+// 358/605/596, because that kernel multiplied every weight once per token).
+constexpr int kTcTokens = 8;
+
+// INGOT_CUDA_TC_GEMV: 0 sends 2..8 tokens to cuBLASLt (the path before the tensor-core kernel), 1 (the
+// default) to the tensor-core kernel, 2 also one token (A/B against the CUDA-core kernel).
+int tc_mode() {
+  static const int mode = env_knob("INGOT_CUDA_TC_GEMV", 1);
+  return mode;
+}
+
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
-  if (x.rows != 1 || y.dtype != x.dtype) return false;
+  if (x.rows < 1 || y.dtype != x.dtype || y.rows != x.rows) return false;
+  if (x.rows > 1 && (x.rows > kTcTokens || tc_mode() == 0 || x.dtype != w.dtype || x.dtype == DType::F32))
+    return false;
   if (x.dtype != w.dtype && !widened_weights(x.dtype, w.dtype)) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
   return w.cols % V == 0 && aligned16(w.data, w.ld, dtype_size(w.dtype)) &&
          aligned16(x.data, x.ld, dtype_size(x.dtype)) && w.rows <= INT32_MAX && w.cols <= INT32_MAX;
 }
 
+// The tensor-core kernel's split of K: the fewest warps per 16-row tile that still put ~32 warps on
+// every SM (few tiles, e.g. 4096 rows, take 16 warps a tile; the LM head's thousands of tiles one),
+// each warp keeping at least one step of its own.
+template <typename T, int U>
+void launch_tc_u(tcgemv::Args a, cudaStream_t s) {
+  const int64_t tiles = (a.N + 15) / 16, want = 32 * int64_t(device_sm_count());
+  int S = 1;
+  while (S < 16 && tiles * S < want && int64_t(a.K) / (8 * 4 * U) >= 2 * S) S *= 2;
+  const dim3 grid(unsigned(tiles), unsigned((a.T + 7) / 8));
+  prefetch_plan(a, 1, int64_t(sizeof(T)), tiles);
+  const auto go = [&](auto kernel, int warps) { launch("tc_gemv_kernel", kernel, grid, dim3(warps * 32), 0, s, a); };
+  switch (S) {
+    case 1: return go(tcgemv::kernel<T, 1, U, 1>, 1);
+    case 2: return go(tcgemv::kernel<T, 2, U, 1>, 2);
+    case 4: return go(tcgemv::kernel<T, 4, U, 1>, 4);
+    case 8: return go(tcgemv::kernel<T, 8, U, 1>, 8);
+    default: return go(tcgemv::kernel<T, 16, U, 1>, 16);
+  }
+}
+
+// U, the 16-byte pieces of each row a lane has in flight, as measured on the H200 (2026-12-03, bf16,
+// decode at batch 2/4/8, the bulk prefetch on): rows of up to 3k columns four (Qwen3-0.6B batch 2 2,090
+// tok/s against 2,030 with two), longer rows two (Qwen3-8B batch 2/4/8 411/804/1,535 against
+// 380/736/1,417 with four, whose registers cost occupancy). INGOT_CUDA_TC_LOADS=2/4 forces either.
+template <typename T>
+void launch_tc(const tcgemv::Args& a, cudaStream_t s) {
+  static const int loads = env_knob("INGOT_CUDA_TC_LOADS", 0);
+  if (loads == 2 || (loads != 4 && a.K > 3072)) launch_tc_u<T, 2>(a, s);
+  else launch_tc_u<T, 4>(a, s);
+}
+
 }  // namespace
 
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
   if (!gemv_suits(x, w, y)) return false;
+  if (x.dtype == w.dtype && x.dtype != DType::F32 && (x.rows > 1 || tc_mode() == 2)) {
+    const tcgemv::Args a{x.data, x.ld, w.data, w.ld, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols), 0, 0};
+    dispatch(w.dtype, "linear", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if constexpr (!std::is_same_v<T, float>) launch_tc<T>(a, s);
+    });
+    return true;
+  }
   const GemvArgs a{x.data, w.data, w.ld, bias, y.data, int(w.rows), int(w.cols), 0, 0};
   launch_any<false>(w.dtype, x.dtype, a, s);
   return true;
 }
 
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s) {
-  if (!gemv_suits(x, w_gate_up, out) || w_gate_up.rows % 2 != 0) return false;
+  if (x.rows != 1 || !gemv_suits(x, w_gate_up, out) || w_gate_up.rows % 2 != 0) return false;
   const GemvArgs a{x.data, w_gate_up.data, w_gate_up.ld, nullptr, out.data, int(w_gate_up.rows / 2),
                    int(w_gate_up.cols), 0, 0};
   launch_any<true>(w_gate_up.dtype, x.dtype, a, s);

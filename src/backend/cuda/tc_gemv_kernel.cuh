@@ -1,0 +1,168 @@
+// The weight-streaming product for a few tokens (y = x w^T, 16-bit x and w, f32 accumulation) on the
+// tensor cores: the weights are the A operand of mma.sync m16n8k16 (16 output rows a warp tile), the
+// tokens its B columns (8 a group; G groups a block, columns past the call are zeros). A lane loads 16
+// bytes of each of its two rows at the same columns, and those bytes are its A fragments as they are:
+// the MMA's k slots need not be consecutive columns, only the same columns for A and B, so lane t's
+// four k slots of an MMA are four consecutive columns of its own 16-byte piece, and the x fragment is a
+// 16-byte load of each token's row at that piece. No conversion or permute: per 32 bytes of weights a
+// lane issues two loads, one x load per token group and two MMAs per group, where the CUDA-core GEMV
+// (gemv_kernel.cuh) widens and multiplies every weight once per token. S warps of a tile split K,
+// interleaved by step as int4_gemv_kernel.cuh's do; U pieces per row and lane in flight.
+//
+// Each output's sum is formed in a fixed order that does not depend on T or on the block's other
+// tokens: the MMAs of one token column in the same sequence of pieces, two accumulators (columns 0-3
+// and 4-7 of the pieces) added at the end, then the S warps' sums in warp order. Hand-written: the
+// library GEMMs' tiles are sized for many tokens and read a decode step's weights at well under the
+// copy bandwidth.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_tiles.cuh"
+
+namespace ingot::cuda::tcgemv {
+
+struct Args {
+  const void* x;   // [T, K] activations, x_ld elements between rows (16-byte aligned rows)
+  int64_t x_ld;
+  const void* w;   // [N, K] weights, w_ld elements between rows (16-byte aligned rows)
+  int64_t w_ld;
+  const void* bias;  // [N] or null
+  void* y;           // [T, N], y_ld elements between rows
+  int64_t y_ld;
+  int T, N, K;  // K a multiple of 8
+  // Bulk prefetch before the wait, as gemv_kernel.cuh's (gemv.cu, prefetch_plan): block b streams bytes
+  // [b * pf_share, min((b + 1) * pf_share, pf_bytes)) of the weight into L2; pf_bytes 0: each block
+  // prefetches the head of its own rows instead.
+  int64_t pf_bytes, pf_share;
+};
+
+constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait (no bulk prefetch)
+constexpr int kPrefetchPiece = 16384;  // bytes per bulk prefetch instruction
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Lane (g, t) = (lane / 4, lane % 4) of a warp owns A rows g and g + 8 of its tile (outputs n0 + g,
+// n0 + g + 8) and B column g of every token group (token tok0 + 8j + g). A row is cut into 16-byte
+// pieces of 8 columns; in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both
+// rows. Its words (columns 8p + 2w, 8p + 2w + 1), w = 0..3, are A fragments a0/a1 (k slots 2t, 2t + 1)
+// and a2/a3 (slots 2t + 8, 2t + 9) of two MMAs: words 0, 1 the first, words 2, 3 the second; the same
+// words of x are the B fragments.
+template <typename T, int S, int U, int G>
+__global__ void __launch_bounds__(S * 32) kernel(Args a) {
+  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = int(blockIdx.x) * 16, tok0 = int(blockIdx.y) * 8 * G;
+  // Rows past N read the last row (always in bounds); their outputs are not written.
+  const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
+  const T* wa = static_cast<const T*>(a.w) + int64_t(na) * a.w_ld;
+  const T* wb = static_cast<const T*>(a.w) + int64_t(nb) * a.w_ld;
+  // The head of the weight into L2 before waiting: weights depend on no earlier kernel.
+  if (a.pf_bytes > 0) {
+    const int64_t lo = int64_t(blockIdx.x) * a.pf_share;
+    const int64_t hi = lo + a.pf_share < a.pf_bytes ? lo + a.pf_share : a.pf_bytes;
+    if (blockIdx.y == 0)
+      for (int64_t off = lo + int64_t(threadIdx.x) * kPrefetchPiece; off < hi; off += int64_t(blockDim.x) * kPrefetchPiece)
+        prefetch_l2_bulk(static_cast<const char*>(a.w) + off,
+                         uint32_t(hi - off < kPrefetchPiece ? hi - off : kPrefetchPiece));
+  } else {
+    const int head = min(a.K * int(sizeof(T)), kPrefetchBytes);
+    const char* ca = reinterpret_cast<const char*>(wa);
+    const char* cb = reinterpret_cast<const char*>(wb);
+    for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(ca + b));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(cb + b));
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  const T* xr[G];  // token rows of this lane's B column in each group, null past the call
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int tok = tok0 + 8 * j + g;
+    xr[j] = tok < a.T ? static_cast<const T*>(a.x) + int64_t(tok) * a.x_ld : nullptr;
+  }
+  const int pieces = a.K / 8;
+  constexpr int kStepPieces = S * 4 * U;
+  const int steps = (pieces + kStepPieces - 1) / kStepPieces;
+  float acc[G][2][4];
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][h][e] = 0.f;
+
+  for (int i = 0; i < steps; ++i) {
+    const int q0 = (i * S + part) * 4 * U;  // the warp's first piece this step (lane t = 0)
+    uint4 qa[U], qb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = q0 + 4 * u + t;
+      const bool ok = p < pieces;
+      qa[u] = ok ? load_stream(wa + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
+      qb[u] = ok ? load_stream(wb + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform: the MMAs below run on every lane or none
+      const int p = q0 + 4 * u + t;
+      const uint32_t A0[4] = {qa[u].x, qb[u].x, qa[u].y, qb[u].y};
+      const uint32_t A1[4] = {qa[u].z, qb[u].z, qa[u].w, qb[u].w};
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        // x of token column g at the piece's columns (zeros outside the call: they meet real weights).
+        const uint4 xv = xr[j] && p < pieces ? *reinterpret_cast<const uint4*>(xr[j] + int64_t(p) * 8)
+                                             : make_uint4(0, 0, 0, 0);
+        mma::Mma<T>::run(acc[j][0], A0, xv.x, xv.y);
+        mma::Mma<T>::run(acc[j][1], A1, xv.z, xv.w);
+      }
+    }
+  }
+
+  // C element e of lane (g, t) in group j: output n0 + g (+8 for e >= 2), token tok0 + 8j + 2t + (e & 1).
+  float c[G][4];
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[j][e] = acc[j][0][e] + acc[j][1][e];
+  if constexpr (S > 1) {
+    __shared__ float partial[S][G][4][32];  // the tile's S warp sums, added in warp order below
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) partial[part][j][e][lane] = c[j][e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < S; ++q) v += partial[q][j][e][lane];
+        c[j][e] = v;
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+      if (tok < a.T && out < a.N) {
+        float v = c[j][e];
+        if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+        static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+      }
+    }
+}
+
+}  // namespace ingot::cuda::tcgemv
