@@ -78,6 +78,29 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t n) {
 #endif
 }
 
+// Block b's share of a bulk prefetch of the first `total` bytes at base: bytes [b * share,
+// min((b + 1) * share, total)), in pieces of up to 16 KB spread over the block's threads (the weight
+// products' prefetch before their dependency wait; the host sizes the share, gemv.cu prefetch_plan).
+__device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t b, int64_t share, int64_t total) {
+  constexpr int64_t kPiece = 16384;
+  const int64_t lo = b * share, hi = lo + share < total ? lo + share : total;
+  for (int64_t off = lo + int64_t(threadIdx.x) * kPiece; off < hi; off += int64_t(blockDim.x) * kPiece)
+    prefetch_l2_bulk(static_cast<const char*>(base) + off, uint32_t(hi - off < kPiece ? hi - off : kPiece));
+}
+
+// The 128-byte line at p into L2 (a hint).
+__device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// 16 bytes of a weight, read once: through the non-coherent path and not kept in L1 (which holds the
+// activations the products re-read).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Multiprocessors of the current device, asked of the driver once per device (launchers size grids
 // by it on every call, graph capture included).
 inline int device_sm_count() {

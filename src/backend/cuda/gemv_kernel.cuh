@@ -11,7 +11,6 @@
 namespace ingot::cuda::gemv {
 
 constexpr int kPrefetchBytes = 4096;  // per row, before the dependency wait (without a bulk prefetch)
-constexpr int kPrefetchPiece = 16384;  // bytes per bulk prefetch instruction
 
 struct GemvArgs {
   const void* x;     // [K] Tx
@@ -44,17 +43,13 @@ __global__ void __launch_bounds__(R * S * 32) kernel(GemvArgs a) {
   for (int q = 0; q < RW; ++q) {
     wr[q] = static_cast<const T*>(a.w) + (int64_t(nn) + int64_t(q) * a.N) * a.w_ld;
     if (a.pf_bytes > 0) {
-      const char* region = static_cast<const char*>(a.w) + int64_t(q) * a.N * a.w_ld * int64_t(sizeof(T));
-      const int64_t lo = int64_t(blockIdx.x) * a.pf_share;
-      const int64_t hi = lo + a.pf_share < a.pf_bytes ? lo + a.pf_share : a.pf_bytes;
-      for (int64_t off = lo + int64_t(threadIdx.x) * kPrefetchPiece; off < hi;
-           off += int64_t(blockDim.x) * kPrefetchPiece)
-        prefetch_l2_bulk(region + off, uint32_t(hi - off < kPrefetchPiece ? hi - off : kPrefetchPiece));
+      prefetch_l2_share(static_cast<const char*>(a.w) + int64_t(q) * a.N * a.w_ld * int64_t(sizeof(T)), blockIdx.x,
+                        a.pf_share, a.pf_bytes);
       continue;
     }
     const int head = a.K < kPrefetchBytes / int(sizeof(T)) ? a.K : kPrefetchBytes / int(sizeof(T));
     for (int k = (part * 32 + lane) * (128 / int(sizeof(T))); k < head; k += S * 32 * (128 / int(sizeof(T))))
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[q] + k));
+      prefetch_l2_line(wr[q] + k);
   }
   const Tx* x = static_cast<const Tx*>(a.x);  // read only after the wait
   float acc[RW];

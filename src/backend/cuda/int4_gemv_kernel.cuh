@@ -4,7 +4,7 @@
 // R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
 // the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
 // and against the library's launcher. Also here: the pieces int4_linear.cu's older kernels share with
-// it (the streaming load, the exact 16-bit dequantization of a nibble pair, the MMA), so every path
+// it (the exact 16-bit dequantization of a nibble pair, the MMA), so every path
 // dequantizes to the same bits.
 //
 // Hand-written rather than taken from a library: the packed layout is ours (rows of K/2 bytes, no
@@ -72,15 +72,6 @@ struct Args {
                          // multiple of 32 (groups are powers of two >= 32)
   int group_shift;       // log2(group size)
 };
-
-// 16 bytes of weights, read once: not kept in L1, which holds x.
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
 // (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
@@ -168,8 +159,8 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   {
     const int head = min(a.K / 2, kPrefetchBytes);
     for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + b));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + b));
+      prefetch_l2_line(wa + b);
+      prefetch_l2_line(wb + b);
     }
   }
   pdl_wait();
@@ -191,8 +182,8 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     for (int u = 0; u < U; ++u) {
       const int p = p0 + 4 * u;
       const bool ok = p < pieces;
-      sl[u].qa = ok ? load_stream(wa + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
-      sl[u].qb = ok ? load_stream(wb + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+      sl[u].qa = ok ? load_stream16(wa + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+      sl[u].qb = ok ? load_stream16(wb + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

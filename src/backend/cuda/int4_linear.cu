@@ -56,7 +56,6 @@ struct DequantArgs {
 
 using int4gemv::bits_of;
 using int4gemv::dequant_pair;
-using int4gemv::load_stream;
 using int4gemv::mma_16816;
 using int4gemv::Pair;
 
@@ -81,7 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
   const uint8_t* wrow = a.w + int64_t(n) * a.w_ld;
   // The head of each row into L2 (one 128-byte line per lane of its quad), before waiting.
   for (int b = (warp * 4 + t) * 128; b < min(a.K / 2, kPrefetchBytes); b += kWarps * 4 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + b));
+    prefetch_l2_line(wrow + b);
   pdl_wait();
   pdl_trigger();
   const T* scales = static_cast<const T*>(a.scales) + int64_t(n) * a.s_ld;
@@ -98,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
     for (int u = 0; u < kLoads; ++u) {
       const int base = (c0 + u * kWarps) * kChunk + t * 32;
       valid[u] = c0 + u * kWarps < chunks && base < a.K;
-      wq[u] = valid[u] ? load_stream(wrow + base / 2) : make_uint4(0, 0, 0, 0);
+      wq[u] = valid[u] ? load_stream16(wrow + base / 2) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) 
   const int n0 = blockIdx.x * kWarps + warp;
   const uint8_t* wrow = a.w + int64_t(min(n0, a.N - 1)) * a.w_ld;
   for (int b = lane * 128; b < min(a.K / 2, kPrefetchBytes); b += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + b));
+    prefetch_l2_line(wrow + b);
   pdl_wait();
   pdl_trigger();
   if (n0 >= a.N) return;
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) 
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
   for (int base = lane * 32; base < a.K; base += 32 * 32) {
-    const uint4 q = load_stream(wrow + base / 2);
+    const uint4 q = load_stream16(wrow + base / 2);
     const int grp = base >> a.group_shift;
     const float s = scales[grp];
     const int z = zeros ? int(zeros[grp]) : 8;

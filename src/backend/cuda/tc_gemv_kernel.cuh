@@ -41,15 +41,6 @@ struct Args {
 };
 
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait (no bulk prefetch)
-constexpr int kPrefetchPiece = 16384;  // bytes per bulk prefetch instruction
-
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns A rows g and g + 8 of its tile (outputs n0 + g,
 // n0 + g + 8) and B column g of every token group (token tok0 + 8j + g). A row is cut into 16-byte
@@ -67,19 +58,12 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
   const T* wb = static_cast<const T*>(a.w) + int64_t(nb) * a.w_ld;
   // The head of the weight into L2 before waiting: weights depend on no earlier kernel.
   if (a.pf_bytes > 0) {
-    const int64_t lo = int64_t(blockIdx.x) * a.pf_share;
-    const int64_t hi = lo + a.pf_share < a.pf_bytes ? lo + a.pf_share : a.pf_bytes;
-    if (blockIdx.y == 0)
-      for (int64_t off = lo + int64_t(threadIdx.x) * kPrefetchPiece; off < hi; off += int64_t(blockDim.x) * kPrefetchPiece)
-        prefetch_l2_bulk(static_cast<const char*>(a.w) + off,
-                         uint32_t(hi - off < kPrefetchPiece ? hi - off : kPrefetchPiece));
+    if (blockIdx.y == 0) prefetch_l2_share(a.w, blockIdx.x, a.pf_share, a.pf_bytes);
   } else {
     const int head = min(a.K * int(sizeof(T)), kPrefetchBytes);
-    const char* ca = reinterpret_cast<const char*>(wa);
-    const char* cb = reinterpret_cast<const char*>(wb);
     for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(ca + b));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(cb + b));
+      prefetch_l2_line(reinterpret_cast<const char*>(wa) + b);
+      prefetch_l2_line(reinterpret_cast<const char*>(wb) + b);
     }
   }
   pdl_wait();
@@ -108,8 +92,8 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
     for (int u = 0; u < U; ++u) {
       const int p = q0 + 4 * u + t;
       const bool ok = p < pieces;
-      qa[u] = ok ? load_stream(wa + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
-      qb[u] = ok ? load_stream(wb + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
+      qa[u] = ok ? load_stream16(wa + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
+      qb[u] = ok ? load_stream16(wb + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
