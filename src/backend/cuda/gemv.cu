@@ -126,10 +126,16 @@ int tc_mode() {
   return mode;
 }
 
+// Whether the tensor-core kernel takes x [T, K] against w: 16-bit x in w's dtype, 2..kTcTokens tokens
+// (or one, with INGOT_CUDA_TC_GEMV=2).
+bool tc_takes(const Mat& x, const Mat& w) {
+  if (x.dtype != w.dtype || x.dtype == DType::F32 || x.rows > kTcTokens) return false;
+  return x.rows > 1 ? tc_mode() != 0 : tc_mode() == 2;
+}
+
 bool gemv_suits(const Mat& x, const Mat& w, const Mat& y) {
   if (x.rows < 1 || y.dtype != x.dtype || y.rows != x.rows) return false;
-  if (x.rows > 1 && (x.rows > kTcTokens || tc_mode() == 0 || x.dtype != w.dtype || x.dtype == DType::F32))
-    return false;
+  if (x.rows > 1 && !tc_takes(x, w)) return false;
   if (x.dtype != w.dtype && !widened_weights(x.dtype, w.dtype)) return false;
   const int64_t V = 16 / int64_t(dtype_size(w.dtype));
   return w.cols % V == 0 && aligned16(w.data, w.ld, dtype_size(w.dtype)) &&
@@ -148,11 +154,11 @@ void launch_tc_u(tcgemv::Args a, cudaStream_t s) {
   prefetch_plan(a, 1, int64_t(sizeof(T)), tiles);
   const auto go = [&](auto kernel, int warps) { launch("tc_gemv_kernel", kernel, grid, dim3(warps * 32), 0, s, a); };
   switch (S) {
-    case 1: return go(tcgemv::kernel<T, 1, U, 1>, 1);
-    case 2: return go(tcgemv::kernel<T, 2, U, 1>, 2);
-    case 4: return go(tcgemv::kernel<T, 4, U, 1>, 4);
-    case 8: return go(tcgemv::kernel<T, 8, U, 1>, 8);
-    default: return go(tcgemv::kernel<T, 16, U, 1>, 16);
+    case 1: return go(tcgemv::kernel<T, 1, U>, 1);
+    case 2: return go(tcgemv::kernel<T, 2, U>, 2);
+    case 4: return go(tcgemv::kernel<T, 4, U>, 4);
+    case 8: return go(tcgemv::kernel<T, 8, U>, 8);
+    default: return go(tcgemv::kernel<T, 16, U>, 16);
   }
 }
 
@@ -171,7 +177,7 @@ void launch_tc(const tcgemv::Args& a, cudaStream_t s) {
 
 bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
   if (!gemv_suits(x, w, y)) return false;
-  if (x.dtype == w.dtype && x.dtype != DType::F32 && (x.rows > 1 || tc_mode() == 2)) {
+  if (tc_takes(x, w)) {
     const tcgemv::Args a{x.data, x.ld, w.data, w.ld, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols), 0, 0};
     dispatch(w.dtype, "linear", [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;

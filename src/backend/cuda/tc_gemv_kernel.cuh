@@ -1,11 +1,11 @@
 // The weight-streaming product for a few tokens (y = x w^T, 16-bit x and w, f32 accumulation) on the
 // tensor cores: the weights are the A operand of mma.sync m16n8k16 (16 output rows a warp tile), the
-// tokens its B columns (8 a group; G groups a block, columns past the call are zeros). A lane loads 16
+// tokens its B columns (8 a block; columns past the call are zeros). A lane loads 16
 // bytes of each of its two rows at the same columns, and those bytes are its A fragments as they are:
 // the MMA's k slots need not be consecutive columns, only the same columns for A and B, so lane t's
 // four k slots of an MMA are four consecutive columns of its own 16-byte piece, and the x fragment is a
 // 16-byte load of each token's row at that piece. No conversion or permute: per 32 bytes of weights a
-// lane issues two loads, one x load per token group and two MMAs per group, where the CUDA-core GEMV
+// lane issues two weight loads, one x load and two MMAs, where the CUDA-core GEMV
 // (gemv_kernel.cuh) widens and multiplies every weight once per token. S warps of a tile split K,
 // interleaved by step as int4_gemv_kernel.cuh's do; U pieces per row and lane in flight.
 //
@@ -43,15 +43,15 @@ struct Args {
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait (no bulk prefetch)
 
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns A rows g and g + 8 of its tile (outputs n0 + g,
-// n0 + g + 8) and B column g of every token group (token tok0 + 8j + g). A row is cut into 16-byte
-// pieces of 8 columns; in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both
-// rows. Its words (columns 8p + 2w, 8p + 2w + 1), w = 0..3, are A fragments a0/a1 (k slots 2t, 2t + 1)
-// and a2/a3 (slots 2t + 8, 2t + 9) of two MMAs: words 0, 1 the first, words 2, 3 the second; the same
-// words of x are the B fragments.
-template <typename T, int S, int U, int G>
+// n0 + g + 8) and B column g (token tok0 + g; blockIdx.y picks the group of 8 tokens). A row is cut
+// into 16-byte pieces of 8 columns; in step i, slot u, lane t reads piece p = (i * S + part) * 4U +
+// 4u + t of both rows. Its words (columns 8p + 2w, 8p + 2w + 1), w = 0..3, are A fragments a0/a1 (k
+// slots 2t, 2t + 1) and a2/a3 (slots 2t + 8, 2t + 9) of two MMAs: words 0, 1 the first, words 2, 3 the
+// second; the same words of x are the B fragments.
+template <typename T, int S, int U>
 __global__ void __launch_bounds__(S * 32) kernel(Args a) {
   const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = int(blockIdx.x) * 16, tok0 = int(blockIdx.y) * 8 * G;
+  const int n0 = int(blockIdx.x) * 16, tok0 = int(blockIdx.y) * 8;
   // Rows past N read the last row (always in bounds); their outputs are not written.
   const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
   const T* wa = static_cast<const T*>(a.w) + int64_t(na) * a.w_ld;
@@ -68,22 +68,12 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
   }
   pdl_wait();
   pdl_trigger();
-  const T* xr[G];  // token rows of this lane's B column in each group, null past the call
-#pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const int tok = tok0 + 8 * j + g;
-    xr[j] = tok < a.T ? static_cast<const T*>(a.x) + int64_t(tok) * a.x_ld : nullptr;
-  }
+  // Token row of this lane's B column, null past the call.
+  const T* xr = tok0 + g < a.T ? static_cast<const T*>(a.x) + int64_t(tok0 + g) * a.x_ld : nullptr;
   const int pieces = a.K / 8;
   constexpr int kStepPieces = S * 4 * U;
   const int steps = (pieces + kStepPieces - 1) / kStepPieces;
-  float acc[G][2][4];
-#pragma unroll
-  for (int j = 0; j < G; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][h][e] = 0.f;
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 
   for (int i = 0; i < steps; ++i) {
     const int q0 = (i * S + part) * 4 * U;  // the warp's first piece this step (lane t = 0)
@@ -101,52 +91,40 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
       const int p = q0 + 4 * u + t;
       const uint32_t A0[4] = {qa[u].x, qb[u].x, qa[u].y, qb[u].y};
       const uint32_t A1[4] = {qa[u].z, qb[u].z, qa[u].w, qb[u].w};
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        // x of token column g at the piece's columns (zeros outside the call: they meet real weights).
-        const uint4 xv = xr[j] && p < pieces ? *reinterpret_cast<const uint4*>(xr[j] + int64_t(p) * 8)
-                                             : make_uint4(0, 0, 0, 0);
-        mma::Mma<T>::run(acc[j][0], A0, xv.x, xv.y);
-        mma::Mma<T>::run(acc[j][1], A1, xv.z, xv.w);
-      }
+      // x of token column g at the piece's columns (zeros outside the call: they meet real weights).
+      const uint4 xv = xr && p < pieces ? *reinterpret_cast<const uint4*>(xr + int64_t(p) * 8) : make_uint4(0, 0, 0, 0);
+      mma::Mma<T>::run(acc[0], A0, xv.x, xv.y);
+      mma::Mma<T>::run(acc[1], A1, xv.z, xv.w);
     }
   }
 
-  // C element e of lane (g, t) in group j: output n0 + g (+8 for e >= 2), token tok0 + 8j + 2t + (e & 1).
-  float c[G][4];
+  // C element e of lane (g, t): output n0 + g (+8 for e >= 2), token tok0 + 2t + (e & 1).
+  float c[4];
 #pragma unroll
-  for (int j = 0; j < G; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[j][e] = acc[j][0][e] + acc[j][1][e];
+  for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
   if constexpr (S > 1) {
-    __shared__ float partial[S][G][4][32];  // the tile's S warp sums, added in warp order below
+    __shared__ float partial[S][4][32];  // the tile's S warp sums, added in warp order below
 #pragma unroll
-    for (int j = 0; j < G; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) partial[part][j][e][lane] = c[j][e];
+    for (int e = 0; e < 4; ++e) partial[part][e][lane] = c[e];
     __syncthreads();
     if (part != 0) return;
 #pragma unroll
-    for (int j = 0; j < G; ++j)
+    for (int e = 0; e < 4; ++e) {
+      float v = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < S; ++q) v += partial[q][j][e][lane];
-        c[j][e] = v;
-      }
+      for (int q = 0; q < S; ++q) v += partial[q][e][lane];
+      c[e] = v;
+    }
   }
 #pragma unroll
-  for (int j = 0; j < G; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = tok0 + 8 * j + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
-      if (tok < a.T && out < a.N) {
-        float v = c[j][e];
-        if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
-        static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
-      }
+  for (int e = 0; e < 4; ++e) {
+    const int tok = tok0 + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+    if (tok < a.T && out < a.N) {
+      float v = c[e];
+      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
     }
+  }
 }
 
 }  // namespace ingot::cuda::tcgemv
