@@ -64,10 +64,13 @@ inline float replay_ms(cudaGraphExec_t g, int reps, cudaStream_t s) {
 }
 
 // Whether a lab runs `name`: every name unless the environment variable `var` (INGOT_LAB_SHAPE,
-// INGOT_LAB_DESIGN) is set, then only the names equal to it. Lets a profiler (ncu) see one kernel.
+// INGOT_LAB_DESIGN) is set, then only the names it lists (comma-separated). Lets a profiler (ncu) see
+// one kernel, or a short device call run a few shapes.
 inline bool selected(const char* var, const std::string& name) {
   const char* only = std::getenv(var);
-  return !only || !*only || name == only;
+  if (!only || !*only) return true;
+  const std::string list = std::string(",") + only + ",";
+  return list.find("," + name + ",") != std::string::npos;
 }
 
 inline std::string design_name(int S, int U, int R, bool P) {

@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_tiles.cuh"
 
 namespace ingot::cuda::int4gemv {
 
@@ -275,6 +276,374 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
       static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
     }
   }
+}
+
+// The same product with the weights staged through shared memory: each lane copies its own 16-byte
+// pieces with cp.async into a private ring of D stages and reads back only what it copied, so the
+// loads in flight hold no registers (the kernel above keeps each step's loads in registers, 96 a
+// thread, which caps the warps resident per SM and with them the bytes in flight) and need no barrier
+// beyond the lane's own cp.async.wait_group. The first D - 1 stages are issued before the dependency
+// wait (weights depend on no earlier kernel). A stage is US pieces of 32 columns per lane and row
+// (lane t of a quad reads pieces 4u + t of its two rows, as above), so a tile's row is cut into stages
+// of 128 US columns, and the S warps of a tile take stages part, part + S, ... Scales and zeros of the
+// next stage are loaded to registers while this stage's math runs. Tokens past the call read token
+// 0's row of x: B column g only feeds output column g, which is not written.
+template <typename T, int S, int US, int D, int R>
+__global__ void __launch_bounds__(R * S * 32) stream_kernel(Args a) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
+  static_assert(D >= 2, "a ring of at least two stages");
+  extern __shared__ __align__(16) unsigned char ring_raw[];  // [R * S warps][D][US][2 rows][32 lanes][16 B]
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int r = warp / S, part = warp % S;
+  const int n0 = (int(blockIdx.x) * R + r) * 16;
+  const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
+  const uint8_t* wa = a.w + int64_t(na) * a.w_ld;
+  const uint8_t* wb = a.w + int64_t(nb) * a.w_ld;
+  const int pieces = a.K / 32;
+  const int stages = (pieces + 4 * US - 1) / (4 * US);           // of the whole row
+  const int mine = part < stages ? (stages - part + S - 1) / S : 0;  // this warp's: part, part + S, ...
+  unsigned char* ring = ring_raw + size_t(warp) * D * US * 1024 + size_t(lane) * 16;
+  auto slot = [&](int buf, int u, int row) { return ring + ((buf * US + u) * 2 + row) * 512; };
+
+  // Stage i of this warp into ring slot i % D: the lane's US pieces of both rows (zeros past K).
+  auto copy = [&](int i) {
+    const int p0 = (part + i * S) * 4 * US + t, buf = i % D;
+#pragma unroll
+    for (int u = 0; u < US; ++u) {
+      const int p = p0 + 4 * u;
+      const bool ok = p < pieces;
+      mma::cp_async16(slot(buf, u, 0), wa + int64_t(ok ? p : 0) * 16, ok);
+      mma::cp_async16(slot(buf, u, 1), wb + int64_t(ok ? p : 0) * 16, ok);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < D - 1; ++i) {
+    if (i < mine) copy(i);
+    mma::cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
+  }
+  pdl_wait();
+  pdl_trigger();
+
+  const T* sca = static_cast<const T*>(a.scales) + int64_t(na) * a.s_ld;
+  const T* scb = static_cast<const T*>(a.scales) + int64_t(nb) * a.s_ld;
+  const uint8_t* zra = a.zeros ? a.zeros + int64_t(na) * a.s_ld : nullptr;
+  const uint8_t* zrb = a.zeros ? a.zeros + int64_t(nb) * a.s_ld : nullptr;
+  const T* xr = static_cast<const T*>(a.x) + int64_t(g < a.T ? g : 0) * a.x_ld;
+
+  // A stage's scales (16 bits) and zeros (bits 16..19) of both rows, one word per piece and row; a
+  // piece past K gets scale 0 (its weights are zero-filled, its x clamped in bounds: 0 * finite).
+  auto scales = [&](uint32_t (&q)[US][2], int i) {
+    const int p0 = (part + i * S) * 4 * US + t;
+#pragma unroll
+    for (int u = 0; u < US; ++u) {
+      const int p = p0 + 4 * u;
+      const bool ok = p < pieces && i < mine;
+      const int grp = ((ok ? p : 0) * 32) >> a.group_shift;
+      const uint32_t za = zra ? uint32_t(zra[grp]) : 8u, zb = zrb ? uint32_t(zrb[grp]) : 8u;
+      q[u][0] = ok ? bits_of(sca[grp]) | (za << 16) : (8u << 16);
+      q[u][1] = ok ? bits_of(scb[grp]) | (zb << 16) : (8u << 16);
+    }
+  };
+
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  uint32_t cur[US][2], nxt[US][2];
+  scales(nxt, 0);
+  for (int i = 0; i < mine; ++i) {
+    if (i + D - 1 < mine) copy(i + D - 1);
+    mma::cp_async_commit();
+#pragma unroll
+    for (int u = 0; u < US; ++u) cur[u][0] = nxt[u][0], cur[u][1] = nxt[u][1];
+    if (i + 1 < mine) scales(nxt, i + 1);
+    mma::cp_async_wait<D - 1>();  // this lane's copies of stage i have landed
+    const int q0 = (part + i * S) * 4 * US, buf = i % D;
+#pragma unroll
+    for (int u = 0; u < US; ++u) {
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform: the MMAs below run on every lane or none
+      const uint4 qa = *reinterpret_cast<const uint4*>(slot(buf, u, 0));
+      const uint4 qb = *reinterpret_cast<const uint4*>(slot(buf, u, 1));
+      const int p = min(q0 + 4 * u + t, pieces - 1);
+      uint32_t xv[16];  // token g's (or token 0's) 32 columns of the piece as 16 pairs
+      load_pairs32(xr + int64_t(p) * 32, xv);
+      const uint32_t zma = (Pair<T>::kMagic | (cur[u][0] >> 16)) * 0x00010001u;
+      const uint32_t zmb = (Pair<T>::kMagic | (cur[u][1] >> 16)) * 0x00010001u;
+      const uint32_t sa = (cur[u][0] & 0xffffu) * 0x00010001u, sb = (cur[u][1] & 0xffffu) * 0x00010001u;
+      const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w};
+      const uint32_t wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, zma, sa), dequant_pair<T>(wb4[j], 8 * h, zmb, sb),
+                                 dequant_pair<T>(wa4[j], 8 * h + 4, zma, sa),
+                                 dequant_pair<T>(wb4[j], 8 * h + 4, zmb, sb)};
+          const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;
+          mma_16816<T>(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+        }
+      }
+    }
+  }
+  mma::cp_async_wait<0>();  // no copy outlives the block
+
+  float c[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
+  if constexpr (S > 1) {
+    __shared__ float partial[R][S][4][32];  // the tile's S warp sums, added in warp order below
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[r][part][e][lane] = c[e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = 0.f;
+#pragma unroll
+      for (int q = 0; q < S; ++q) v += partial[r][q][e][lane];
+      c[e] = v;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+    if (tok < a.T && out < a.N) {
+      float v = c[e];
+      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+    }
+  }
+}
+
+// Dynamic shared memory of a stream_kernel instance: its warps' rings.
+constexpr size_t stream_smem_bytes(int S, int US, int D, int R) { return size_t(R) * S * D * US * 1024; }
+
+// The product with the scale applied per 128-column block instead of per weight, for groups of 128
+// columns or more: lane quads of a slot cover 4 pieces = 128 columns, one group. The MMA takes each
+// nibble as the mask-or gives it, q = 2^e + n (exact in 16 bits), so a slot's sum is
+// c = sum (2^e + n) x over its 128 columns, and the group's contribution is scale * (c - (2^e + z) *
+// sum x): per pair of weights a shift and a lop3 (the kernels above add a subtraction and a
+// multiplication), and per slot and output four f32 operations. The sums of x per 128 columns and
+// token (f32, fixed order) are made once per block into shared memory, with x itself stored as the
+// MMA's B fragments (the byte permutes done once per block, not per row tile). Values: the exact
+// (n - z) * scale product summed in f32, not the 16-bit rounding of each dequantized weight the
+// kernels above and the wide path use; the two differ by that rounding (below the output's).
+// Weights through the same per-lane cp.async ring as stream_kernel. NT token tiles of 8 (1..8 or
+// 9..16 tokens) share each dequantized A fragment.
+constexpr int kGroupMaxTokens = 16;
+// Bytes between rows of a group_kernel ring stage: 64 US, plus 64 when that is a multiple of 128.
+constexpr int group_row_ld(int US) { return 64 * US + (US % 2 == 0 ? 64 : 0); }
+template <typename T, int S, int US, int D, int R, int NT, bool kXs>
+__global__ void __launch_bounds__(R * S * 32) group_kernel(Args a) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
+  static_assert(D >= 2, "a ring of at least two stages");
+  // [R * S warps][D][16 rows][kRowLd B] ring | [K / 128][8 NT] f32 sums of x | (kXs) [T][2K + 64 B] x as B fragments
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int r = warp / S, part = warp % S;
+  const int n0 = (int(blockIdx.x) * R + r) * 16;
+  const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
+  const int pieces = a.K / 32;  // a multiple of 4 (K of 128)
+  const int stages = (pieces + 4 * US - 1) / (4 * US);
+  const int mine = part < stages ? (stages - part + S - 1) / S : 0;
+  // The warp's ring: D stages of its 16 rows x 64 US bytes, rows kRowLd apart (padded when that is a
+  // multiple of 128 bytes, so that the quads reading rows g and g + 1 hit different banks). Copies run
+  // along rows, 4 US lanes a row, so each copy instruction asks for whole 128-byte lines (the
+  // fragment-order reads of the kernels above ask for half lines of eight rows, which doubles the
+  // line requests in flight per byte); lanes then read what other lanes copied, hence the __syncwarp
+  // after each wait and before each refill.
+  constexpr int kRowBytes = 64 * US, kRowLd = group_row_ld(US), kStageBytes = 16 * kRowLd;
+  constexpr int kLanesPerRow = kRowBytes / 16, kRowsPerCopy = 32 / kLanesPerRow;
+  static_assert(32 % kLanesPerRow == 0, "US divides 8");
+  unsigned char* wring = smem_raw + size_t(warp) * D * kStageBytes;
+  auto slot = [&](int buf, int u, int row) { return wring + buf * kStageBytes + row * kRowLd + u * 64 + t * 16; };
+  auto copy = [&](int i) {
+    const int sb = (part + i * S) * kRowBytes, col = (lane % kLanesPerRow) * 16, buf = i % D;
+    const bool ok = sb + col < a.K / 2;
+#pragma unroll
+    for (int c = 0; c < 16 / kRowsPerCopy; ++c) {
+      const int row = c * kRowsPerCopy + lane / kLanesPerRow;
+      const uint8_t* src = a.w + int64_t(min(n0 + row, a.N - 1)) * a.w_ld + (ok ? sb + col : 0);
+      mma::cp_async16(wring + buf * kStageBytes + row * kRowLd + col, src, ok);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < D - 1; ++i) {
+    if (i < mine) copy(i);
+    mma::cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
+  }
+  pdl_wait();
+  pdl_trigger();
+
+  // x: per 8-column chunk its f32 sum (16 chunks, 16 consecutive lanes, reduced by a butterfly: every
+  // lane gets the same bits) and, with kXs, its four B-fragment words, chunk i of piece p stored at
+  // slot i ^ (p & 3) (the quad's four lanes then read four different bank groups).
+  constexpr int kSxLd = 8 * NT;
+  float* sx = reinterpret_cast<float*>(smem_raw + size_t(R) * S * D * kStageBytes);  // [K / 128][8 NT]
+  unsigned char* xs = reinterpret_cast<unsigned char*>(sx + (a.K / 128) * kSxLd);  // [T][2K + 64]
+  const int64_t xs_ld = int64_t(a.K) * 2 + 64;
+  {
+    const int row_chunks = a.K / 8, chunks = a.T * row_chunks;
+    for (int base = 0; base < chunks; base += int(blockDim.x)) {
+      const int c = base + int(threadIdx.x);
+      const bool in = c < chunks;
+      const int tk = in ? c / row_chunks : 0, cc = in ? c % row_chunks : 0;
+      float sum = 0.f;
+      if (in) {
+        const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + int64_t(tk) * a.x_ld + cc * 8);
+        const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum += to_f(e[k]);
+        if constexpr (kXs) {
+          const uint4 b = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                     __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+          const int p = cc >> 2;
+          *reinterpret_cast<uint4*>(xs + tk * xs_ld + p * 64 + (((cc & 3) ^ (p & 3)) * 16)) = b;
+        }
+      }
+#pragma unroll
+      for (int o = 8; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (in && (c & 15) == 0) sx[(cc >> 4) * kSxLd + tk] = sum;
+    }
+    __syncthreads();
+  }
+
+  const T* sca = static_cast<const T*>(a.scales) + int64_t(na) * a.s_ld;
+  const T* scb = static_cast<const T*>(a.scales) + int64_t(nb) * a.s_ld;
+  const uint8_t* zra = a.zeros ? a.zeros + int64_t(na) * a.s_ld : nullptr;
+  const uint8_t* zrb = a.zeros ? a.zeros + int64_t(nb) * a.s_ld : nullptr;
+  // B column g of tile m is token 8m + g; tokens past the call read token 0 (their output column is
+  // not written). The lane's outputs are tokens 8m + 2t and 8m + 2t + 1 (their sums of x clamped in T).
+  const T* xr[NT];
+  const unsigned char* xsr[NT];
+  int tk[NT][2];
+#pragma unroll
+  for (int m = 0; m < NT; ++m) {
+    const int xrow = 8 * m + g < a.T ? 8 * m + g : 0;
+    xr[m] = static_cast<const T*>(a.x) + int64_t(xrow) * a.x_ld;
+    xsr[m] = xs + xrow * xs_ld;
+    tk[m][0] = min(8 * m + 2 * t, a.T - 1);
+    tk[m][1] = min(8 * m + 2 * t + 1, a.T - 1);
+  }
+
+  // A stage's scale (as f32 bits) and 2^e + zero (as f32) of both rows per slot.
+  auto scales = [&](float (&q)[US][4], int i) {
+    const int p0 = (part + i * S) * 4 * US;
+#pragma unroll
+    for (int u = 0; u < US; ++u) {
+      const int p = p0 + 4 * u;
+      const bool ok = p < pieces && i < mine;
+      const int grp = ((ok ? p : 0) * 32) >> a.group_shift;
+      const uint32_t za = zra ? uint32_t(zra[grp]) : 8u, zb = zrb ? uint32_t(zrb[grp]) : 8u;
+      q[u][0] = ok ? to_f(sca[grp]) : 0.f;
+      q[u][1] = float(int(Pair<T>::kMagic == 0x6400 ? 1024 : 128) + int(za));
+      q[u][2] = ok ? to_f(scb[grp]) : 0.f;
+      q[u][3] = float(int(Pair<T>::kMagic == 0x6400 ? 1024 : 128) + int(zb));
+    }
+  };
+  constexpr uint32_t kMagic2 = Pair<T>::kMagic * 0x00010001u;
+  float y[NT][4] = {};  // per tile m: rows g, g, g + 8, g + 8; tokens 8m + 2t, 8m + 2t + 1
+  float cur[US][4], nxt[US][4];
+  scales(nxt, 0);
+  for (int i = 0; i < mine; ++i) {
+    __syncwarp();  // every lane is done reading the slot the next copy refills (stage i - 1's)
+    if (i + D - 1 < mine) copy(i + D - 1);
+    mma::cp_async_commit();
+#pragma unroll
+    for (int u = 0; u < US; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) cur[u][k] = nxt[u][k];
+    if (i + 1 < mine) scales(nxt, i + 1);
+    mma::cp_async_wait<D - 1>();
+    __syncwarp();  // every lane's copies of stage i have landed
+    const int q0 = (part + i * S) * 4 * US, buf = i % D;
+#pragma unroll
+    for (int u = 0; u < US; ++u) {
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform; a slot is all in K or all past it
+      const uint4 qa = *reinterpret_cast<const uint4*>(slot(buf, u, g));
+      const uint4 qb = *reinterpret_cast<const uint4*>(slot(buf, u, g + 8));
+      const int p = q0 + 4 * u + t;
+      uint32_t xb[NT][16];  // B fragments per tile: per word j, (h = 0: b0, b1), (h = 1: b0, b1)
+#pragma unroll
+      for (int m = 0; m < NT; ++m) {
+        if constexpr (kXs) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint4 v = *reinterpret_cast<const uint4*>(xsr[m] + p * 64 + ((j ^ t) * 16));
+            xb[m][4 * j] = v.x, xb[m][4 * j + 1] = v.y, xb[m][4 * j + 2] = v.z, xb[m][4 * j + 3] = v.w;
+          }
+        } else {
+          uint32_t xv[16];
+          load_pairs32(xr[m] + int64_t(p) * 32, xv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            xb[m][4 * j] = __byte_perm(xv[4 * j], xv[4 * j + 2], 0x5410);
+            xb[m][4 * j + 1] = __byte_perm(xv[4 * j], xv[4 * j + 2], 0x7632);
+            xb[m][4 * j + 2] = __byte_perm(xv[4 * j + 1], xv[4 * j + 3], 0x5410);
+            xb[m][4 * j + 3] = __byte_perm(xv[4 * j + 1], xv[4 * j + 3], 0x7632);
+          }
+        }
+      }
+      const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w};
+      const uint32_t wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+      float c[NT][2][4] = {};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t A[4] = {((wa4[j] >> (8 * h)) & 0x000f000fu) | kMagic2,
+                                 ((wb4[j] >> (8 * h)) & 0x000f000fu) | kMagic2,
+                                 ((wa4[j] >> (8 * h + 4)) & 0x000f000fu) | kMagic2,
+                                 ((wb4[j] >> (8 * h + 4)) & 0x000f000fu) | kMagic2};
+#pragma unroll
+          for (int m = 0; m < NT; ++m) mma_16816<T>(c[m][h], A, xb[m][4 * j + 2 * h], xb[m][4 * j + 2 * h + 1]);
+        }
+      const int blk = (q0 + 4 * u) >> 2;  // the slot's 128-column block
+#pragma unroll
+      for (int m = 0; m < NT; ++m) {
+        const float s0 = sx[blk * kSxLd + tk[m][0]], s1 = sx[blk * kSxLd + tk[m][1]];
+        y[m][0] = fmaf(cur[u][0], fmaf(-cur[u][1], s0, c[m][0][0] + c[m][1][0]), y[m][0]);
+        y[m][1] = fmaf(cur[u][0], fmaf(-cur[u][1], s1, c[m][0][1] + c[m][1][1]), y[m][1]);
+        y[m][2] = fmaf(cur[u][2], fmaf(-cur[u][3], s0, c[m][0][2] + c[m][1][2]), y[m][2]);
+        y[m][3] = fmaf(cur[u][2], fmaf(-cur[u][3], s1, c[m][0][3] + c[m][1][3]), y[m][3]);
+      }
+    }
+  }
+  mma::cp_async_wait<0>();
+
+  if constexpr (S > 1) {
+    __shared__ float partial[R][S][NT * 4][32];
+#pragma unroll
+    for (int m = 0; m < NT; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) partial[r][part][4 * m + e][lane] = y[m][e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int m = 0; m < NT; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < S; ++q) v += partial[r][q][4 * m + e][lane];
+        y[m][e] = v;
+      }
+  }
+#pragma unroll
+  for (int m = 0; m < NT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = 8 * m + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+      if (tok < a.T && out < a.N) {
+        float v = y[m][e];
+        if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+        static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+      }
+    }
+}
+
+// Dynamic shared memory of a group_kernel instance for a call: the ring, the sums of x, and (kXs) x.
+inline size_t group_smem_bytes(int S, int US, int D, int R, int NT, bool xs, int T, int K) {
+  return size_t(R) * S * D * 16 * group_row_ld(US) + size_t(K / 128) * 8 * NT * 4 +
+         (xs ? size_t(T) * (size_t(K) * 2 + 64) : 0);
 }
 
 }  // namespace ingot::cuda::int4gemv
