@@ -72,15 +72,14 @@ TEST_P(CudaOps, Int4LinearLongRows) {
 // The 1..8-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
 // Llama-like rows (K = 1024, 4096, 14336: one step, several, and a last step part-full for every
 // split int4_linear.cu picks), odd N (16-row tiles cut short; one N of several blocks), zero points or
-// none, bias or none, 1, 2, 5, 8, 12 and 16 tokens (B columns of the MMA past the call are zeros or
-// token 0; 12 and 16 take the group kernel's second tile of 8). 16-bit only: f32 engines keep their
-// own kernel. Groups of 128 and 256 run the per-group-scale kernel, 32 and 64 the per-weight one.
+// none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are zeros). 16-bit only:
+// f32 engines keep their own kernel.
 TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
   if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernel takes f16/bf16 activations";
   int cases = 0;
   for (int64_t G : {32, 64, 128, 256})
     for (int64_t K : {1024, 4096, 14336})
-      for (int64_t T : {1, 2, 5, 8, 12, 16}) {
+      for (int64_t T : {1, 2, 5, 8}) {
         const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
         const int64_t N = K == 4096 && T == 1 ? 333 : 37;
         const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
@@ -95,34 +94,7 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
                          " K=" + std::to_string(K) + (zeros ? " zeros" : "") + (bias ? " bias" : ""));
         ++cases;
       }
-  EXPECT_EQ(cases, 72);
-}
-
-// A token's outputs from the INT4 decode product do not depend on which tokens share the call or where
-// it sits in it, bit for bit, from 1 to 16 tokens (the group kernel's split follows the weight's shape
-// only, each MMA column and each sum of x is one token's, and one or two tiles of 8 run the same sums).
-TEST_P(CudaOps, Int4DecodeTokenIsTheSameWhateverTheCall) {
-  if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernels take f16/bf16 activations";
-  for (auto [N, K, G] : {std::tuple<int64_t, int64_t, int64_t>{4096, 4096, 128}, {333, 14336, 128}, {1000, 1024, 256}}) {
-    const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_);
-    auto x = rnd(size_t(16 * K)), b = rnd(size_t(N), 0.5f);
-    Side& g = *gpu_;
-    const Mat gw = w.put(g, dt_);
-    void* gb = g.put(b);
-    void* all = g.put(std::vector<float>(size_t(16 * N)));
-    gpu_be_->linear(g.m(g.put(x), 16, K), gw, gb, g.m(all, 16, N));
-    const auto ref = g.get(all, size_t(16 * N));
-    auto call = [&](int64_t first, int64_t count) {  // tokens first .. first + count - 1 as their own call
-      void* xs = g.put(std::vector<float>(x.begin() + first * K, x.begin() + (first + count) * K));
-      void* ys = g.put(std::vector<float>(size_t(count * N)));
-      gpu_be_->linear(g.m(xs, count, K), gw, gb, g.m(ys, count, N));
-      return g.get(ys, size_t(count * N));
-    };
-    const std::string shape = " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G);
-    EXPECT_EQ(call(11, 1), std::vector<float>(ref.begin() + 11 * N, ref.begin() + 12 * N)) << "token 11 alone" << shape;
-    EXPECT_EQ(call(3, 3), std::vector<float>(ref.begin() + 3 * N, ref.begin() + 6 * N)) << "tokens 3..5" << shape;
-    EXPECT_EQ(call(6, 10), std::vector<float>(ref.begin() + 6 * N, ref.end())) << "tokens 6..15" << shape;
-  }
+  EXPECT_EQ(cases, 48);
 }
 
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:

@@ -347,67 +347,6 @@ void launch_new(const int4gemv::Args& a, cudaStream_t s) {
   }
 }
 
-// The per-group-scale kernel (int4gemv::group_kernel): groups of 128 columns or more, 1..8 tokens.
-// INGOT_CUDA_INT4_GROUP=0 sends its calls to int4gemv::kernel (each weight rounded to 16 bits before
-// the product) for A/B runs.
-bool int4_group_path() {
-  static const bool on = env_knob("INGOT_CUDA_INT4_GROUP", 1) != 0;
-  return on;
-}
-
-// x staged in shared memory as the MMA's B fragments up to this many bytes (T (2K + 64)); past it the
-// kernel reads x from global memory and permutes it per row tile.
-constexpr size_t kGroupXsBytes = size_t(64) << 10;
-// The largest dynamic shared memory a group_kernel instance opts into (the ring, the sums of x, x).
-constexpr size_t kGroupSmemMax = size_t(200) << 10;
-
-template <typename T, int S, int US, int D, int R, int NT>
-void launch_group_tiles(const int4gemv::Args& a, cudaStream_t s) {
-  static const bool opted = [] {
-    for (auto* k : {int4gemv::group_kernel<T, S, US, D, R, NT, true>, int4gemv::group_kernel<T, S, US, D, R, NT, false>})
-      check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGroupSmemMax)),
-            "int4 group kernel shared memory");
-    return true;
-  }();
-  (void)opted;
-  const bool xs = size_t(a.T) * (size_t(a.K) * 2 + 64) <= kGroupXsBytes;
-  const size_t smem = int4gemv::group_smem_bytes(S, US, D, R, NT, xs, a.T, a.K);
-  const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
-  if (xs)
-    launch("int4_group_kernel", int4gemv::group_kernel<T, S, US, D, R, NT, true>, dim3(blocks), dim3(R * S * 32), smem,
-           s, a);
-  else
-    launch("int4_group_kernel", int4gemv::group_kernel<T, S, US, D, R, NT, false>, dim3(blocks), dim3(R * S * 32),
-           smem, s, a);
-}
-
-template <typename T, int S, int US, int D, int R>
-void launch_group_design(const int4gemv::Args& a, cudaStream_t s) {
-  if (a.T <= 8) launch_group_tiles<T, S, US, D, R, 1>(a, s);
-  else launch_group_tiles<T, S, US, D, R, 2>(a, s);
-}
-
-// Whether the group kernel takes the call: groups of 128 or more, K a multiple of 128 (so a slot's 128
-// columns are one group), 1..16 tokens, and its shared memory within the opt-in.
-bool group_takes(const int4gemv::Args& a) {
-  return a.group_shift >= 7 && a.K % 128 == 0 && a.T >= 1 && a.T <= int4gemv::kGroupMaxTokens &&
-         int4gemv::group_smem_bytes(16, 2, 4, 1, 2, false, a.T, a.K) <= kGroupSmemMax;
-}
-
-// The group kernel's split for a product of N rows of K columns (bench/int4_lab.cu, H200, bf16, group
-// 128; figures in docs/quantization.md): short rows spread over more warps per tile, many tiles over
-// fewer.
-template <typename T>
-void launch_group(const int4gemv::Args& a, cudaStream_t s) {
-  if (a.K <= 1024) {
-    if (a.N <= 4096) return launch_group_design<T, 8, 1, 4, 1>(a, s);
-    return launch_group_design<T, 4, 2, 4, 1>(a, s);
-  }
-  if (a.K <= 8192 && a.N > 8192) return launch_group_design<T, 4, 2, 4, 1>(a, s);
-  if (a.K <= 8192 && a.N > 4096) return launch_group_design<T, 8, 2, 3, 1>(a, s);
-  return launch_group_design<T, 16, 1, 4, 1>(a, s);
-}
-
 // Whether the decode kernels take the call: 1..16 tokens, no act-order perm, 16-byte aligned x rows.
 bool decode_suits(const Mat& x, const Mat& w) {
   return x.rows >= 1 && x.rows <= kInt4DecodeRows && !w.int4.perm && aligned16(x.data, x.ld, dtype_size(x.dtype));
@@ -441,14 +380,10 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
   switch (x.dtype) {
     case DType::F16:
     case DType::BF16:
-      if (int4_old_path() || (a.T > kNewTokens && !(int4_group_path() && group_takes(a))))
-        return launch_int4_gemv_mma(x, w, bias, y, s);
+      if (a.T > kNewTokens || int4_old_path()) return launch_int4_gemv_mma(x, w, bias, y, s);
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        if constexpr (!std::is_same_v<T, float>) {
-          if (int4_group_path() && group_takes(a)) launch_group<T>(a, s);
-          else launch_new<T>(a, s);
-        }
+        if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, s);
       });
       return true;
     case DType::F32: {
