@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_tiles.cuh"
 
 namespace ingot::cuda::int4gemv {
 
@@ -257,32 +258,14 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     }
   }
 
-  // C element e of lane (g, t): output row n0 + g (+8 for e >= 2), token 2t + (e & 1).
   float c[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
   if constexpr (S > 1) {
-    __shared__ float partial[R][S][4][32];  // the tile's S warp sums, added in warp order below
-#pragma unroll
-    for (int e = 0; e < 4; ++e) partial[r][part][e][lane] = c[e];
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = 0.f;
-#pragma unroll
-      for (int q = 0; q < S; ++q) v += partial[r][q][e][lane];
-      c[e] = v;
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int tok = 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
-    if (tok < a.T && out < a.N) {
-      float v = c[e];
-      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
-      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
-    }
+    __shared__ float partial[R][S][4][32];  // each tile's S warp sums
+    mma::store_tile<T, S>(a, c, partial[r], part, lane, n0, 0);
+  } else {
+    mma::store_tile<T, S>(a, c, nullptr, part, lane, n0, 0);
   }
 }
 

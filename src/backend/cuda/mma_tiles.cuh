@@ -1,11 +1,15 @@
 // The warp-level tensor-core pieces the attention kernels share (attention_prefill.cu,
 // attention_decode_mma.cu): mma.sync m16n8k16 with f32 accumulation for f16/bf16, packing two f32 into
-// an operand register, ldmatrix (plain and transposed) and 16-byte cp.async with zero fill.
+// an operand register, ldmatrix (plain and transposed) and 16-byte cp.async with zero fill; and the
+// end of the few-token products whose 16-row tiles are split over warps by K (tc_gemv_kernel.cuh,
+// int4_gemv_kernel.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
 
 namespace ingot::cuda::mma {
 
@@ -58,6 +62,40 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+// The end of a product whose 16-row tile is split over S warps by K: c is the calling warp's C
+// fragment (lane (g, t): outputs n0 + g and n0 + g + 8, tokens tok0 + 2t and tok0 + 2t + 1). With S > 1
+// the tile's warps (part 0..S-1) meet in `partial`, the tile's [S][4][32] floats of shared memory, and
+// are added in warp order, so the sums do not depend on scheduling; every warp of the block must call
+// it then (it waits on the block's barrier). Warp 0 of the tile adds the bias and writes the outputs
+// inside a.T x a.N. Args: the kernel's arguments (T, N, bias, y, y_ld).
+template <typename T, int S, typename Args>
+__device__ __forceinline__ void store_tile(const Args& a, float (&c)[4], float (*partial)[4][32], int part, int lane,
+                                           int n0, int tok0) {
+  if constexpr (S > 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[part][e][lane] = c[e];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = 0.f;
+#pragma unroll
+      for (int q = 0; q < S; ++q) v += partial[q][e][lane];
+      c[e] = v;
+    }
+  }
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = tok0 + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
+    if (tok < a.T && out < a.N) {
+      float v = c[e];
+      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
+      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
+    }
+  }
 }
 
 }  // namespace ingot::cuda::mma

@@ -98,32 +98,14 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
     }
   }
 
-  // C element e of lane (g, t): output n0 + g (+8 for e >= 2), token tok0 + 2t + (e & 1).
   float c[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
   if constexpr (S > 1) {
-    __shared__ float partial[S][4][32];  // the tile's S warp sums, added in warp order below
-#pragma unroll
-    for (int e = 0; e < 4; ++e) partial[part][e][lane] = c[e];
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = 0.f;
-#pragma unroll
-      for (int q = 0; q < S; ++q) v += partial[q][e][lane];
-      c[e] = v;
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int tok = tok0 + 2 * t + (e & 1), out = n0 + g + (e >= 2 ? 8 : 0);
-    if (tok < a.T && out < a.N) {
-      float v = c[e];
-      if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
-      static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
-    }
+    __shared__ float partial[S][4][32];  // the tile's S warp sums
+    mma::store_tile<T, S>(a, c, partial, part, lane, n0, tok0);
+  } else {
+    mma::store_tile<T, S>(a, c, nullptr, part, lane, n0, tok0);
   }
 }
 
