@@ -4,7 +4,7 @@
 // R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
 // the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
 // and against the library's launcher. Also here: the pieces int4_linear.cu's older kernels share with
-// it (the exact 16-bit dequantization of a nibble pair, the MMA), so every path
+// it (the exact 16-bit dequantization of a nibble pair; the MMA is mma_tiles.cuh's), so every path
 // dequantizes to the same bits.
 //
 // Hand-written rather than taken from a library: the packed layout is ours (rows of K/2 bytes, no
@@ -118,24 +118,6 @@ __device__ __forceinline__ uint32_t bits_of(T v) {
   return uint32_t(*reinterpret_cast<const uint16_t*>(&v));
 }
 
-// D (+)= A B on the tensor cores: A 16x16 (row-major), B 16x8 (column-major), f32 C/D.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 // One load slot of a lane: 16 bytes of each of its two rows and their groups' (2^e + zero, scale)
 // pairs, all in registers before any math.
 struct Slot {
@@ -230,7 +212,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
                                  dequant_pair<T>(wa4[j], 8 * h + 4, sl[u].zma, sl[u].sa),
                                  dequant_pair<T>(wb4[j], 8 * h + 4, sl[u].zmb, sl[u].sb)};
           const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;  // x columns (8j+2h, +1) and (8j+2h+4, +5)
-          mma_16816<T>(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+          mma::Mma<T>::run(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
         }
       }
     }

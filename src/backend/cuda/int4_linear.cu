@@ -56,7 +56,6 @@ struct DequantArgs {
 
 using int4gemv::bits_of;
 using int4gemv::dequant_pair;
-using int4gemv::mma_16816;
 using int4gemv::Pair;
 
 // 32 values of x row `row` from column `base` as 16 pairs (zeros when the row or the columns are
@@ -128,14 +127,14 @@ __global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
           A[1] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x5410);
           A[3] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x7632);
         }
-        mma_16816<T>(c, A, dequant_pair<T>(words[j], 0, zm[u], s2[u]), dequant_pair<T>(words[j], 4, zm[u], s2[u]));
+        mma::Mma<T>::run(c, A, dequant_pair<T>(words[j], 0, zm[u], s2[u]), dequant_pair<T>(words[j], 4, zm[u], s2[u]));
         A[0] = __byte_perm(r1, r3, 0x5410);  // columns 8j+2, 8j+6
         A[2] = __byte_perm(r1, r3, 0x7632);  // columns 8j+3, 8j+7
         if constexpr (kRows16) {
           A[1] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x5410);
           A[3] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x7632);
         }
-        mma_16816<T>(c, A, dequant_pair<T>(words[j], 8, zm[u], s2[u]), dequant_pair<T>(words[j], 12, zm[u], s2[u]));
+        mma::Mma<T>::run(c, A, dequant_pair<T>(words[j], 8, zm[u], s2[u]), dequant_pair<T>(words[j], 12, zm[u], s2[u]));
       }
     }
   }
