@@ -14,7 +14,7 @@
 //
 // Why this shape (instruction count per 16-byte load of 32 weights is what bounds the older kernel):
 //  - The weights are the MMA's A operand (m16n8k16: 16 output rows x 16 k slots) and the tokens its B
-//    columns (8: columns past the call repeat token 0 and are not written). A lane holds 8 weights per MMA, so 32
+//    columns (8: tokens past the call are zero columns). A lane holds 8 weights per MMA, so 32
 //    weights take 4 MMAs (the older kernel, weights as B, needs 8), and 1..8 tokens cost the same.
 //  - Lane (g, t) reads 16 bytes of row g and 16 of row g + 8 at the same columns; the B fragment
 //    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
@@ -38,23 +38,17 @@
 
 namespace ingot::cuda::int4gemv {
 
-// 32 consecutive 16-bit activations at p (16-byte aligned) as 16 pairs.
-template <typename T>
-__device__ __forceinline__ void load_pairs32_at(const T* p, uint32_t (&xv)[16]) {
-  const uint4* px = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = px[i];
-    xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-  }
-}
-
-// The same, or zeros where p is null (columns or tokens outside the call: they multiply real weights,
-// and must not be NaN garbage).
+// 32 consecutive 16-bit activations at p (16-byte aligned) as 16 pairs, or zeros where p is null
+// (columns or tokens outside the call: they multiply real weights, and must not be NaN garbage).
 template <typename T>
 __device__ __forceinline__ void load_pairs32(const T* p, uint32_t (&xv)[16]) {
   if (p) {
-    load_pairs32_at(p, xv);
+    const uint4* px = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = px[i];
+      xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < 16; ++i) xv[i] = 0;
@@ -158,9 +152,8 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   const T* scb = static_cast<const T*>(a.scales) + int64_t(nb) * a.s_ld;
   const uint8_t* zra = a.zeros ? a.zeros + int64_t(na) * a.s_ld : nullptr;
   const uint8_t* zrb = a.zeros ? a.zeros + int64_t(nb) * a.s_ld : nullptr;
-  // Token g's row of x; lanes past the call's tokens read token 0's (B column g only feeds output
-  // column g, which is not written), so every lane loads and no branch splits the slots below.
-  const T* xr = static_cast<const T*>(a.x) + int64_t(g < a.T ? g : 0) * a.x_ld;
+  // Token g's row of x: lanes past the call's tokens read nothing and multiply zeros.
+  const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
   const int pieces = a.K / 32;
   constexpr int kStepPieces = S * 4 * U;  // pieces of a row one step of the tile's S warps covers
 
@@ -192,12 +185,10 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     const int q0 = (step * S + part) * 4 * U;  // the warp's first piece this step (lane t = 0)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      // No exit for slots past K: their weights were loaded as zeros with scale 0, so they add exact
-      // zeros (x read at the row's last piece: finite), and with no control flow between the slots
-      // the compiler can issue every slot's x loads and overlap the slots' chains.
-      const int p = min(q0 + 4 * u + t, pieces - 1);
-      uint32_t xv[16];  // token g (or 0), the piece's 32 columns as 16 pairs
-      load_pairs32_at(xr + int64_t(p) * 32, xv);
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform: the MMAs below run on every lane or none
+      const int p = q0 + 4 * u + t;
+      uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
+      load_pairs32(xr && p < pieces ? xr + int64_t(p) * 32 : nullptr, xv);
       const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
       const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
 #pragma unroll
