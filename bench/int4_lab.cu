@@ -1,12 +1,13 @@
 // INT4 decode design lab (issue 12): the library's INT4 decode product (the public launcher, which
-// picks an instance of src/backend/cuda/int4_gemv_kernel.cuh by shape), the older int4_mma_kernel
-// (its own launcher), and several splits of the new kernel, timed as a decode step runs them: a CUDA
-// graph of one launch per copy over enough distinct copies of the weight that every call streams it
-// from HBM (about 320 MB of packed weights, scales and zeros per shape), programmatic dependent launch on.
+// picks an instance of src/backend/cuda/int4_gemv_kernel.cuh by shape) and several splits of that
+// kernel, timed as a decode step runs them: a CUDA graph of one launch per copy over enough distinct
+// copies of the weight that every call streams it from HBM (about 320 MB of packed weights, scales
+// and zeros per shape), programmatic dependent launch on.
 // Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
-// one shape), 1 token (and 2 for one shape, 4 and 8 for two). Every design is checked against a
-// double-precision host product of the same dequantized values; a mismatch beyond what f32
-// accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
+// one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16 for Llama-3.1-8B's four: the
+// two-token-block instances). Every design is checked against a double-precision host product of the
+// same dequantized values; a mismatch beyond what f32 accumulation and the output's bf16 rounding
+// explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
 // (for a GPU machine without our Debian packages: BINS=int4_lab scripts/gpu-build here, then
 // LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there). INGOT_LAB_SHAPE=l8b.gateup and
@@ -15,9 +16,10 @@
 // Written for this repository (its packed layout and kernels), as bench/gemv_lab.cu is.
 // Columns: design, shape, T (tokens), G (group), us/call (one product), GB/s (packed weight + scale +
 // zero bytes per call over its time), max err (the largest |y - ref| / (|ref| + 0.1 rms(ref)) over the
-// checked outputs). Designs: "lib" the library's launcher (its int4_design choice, or the old kernel
-// under INGOT_CUDA_INT4_OLD=1), "old" int4_mma_kernel, "S4 U2 R2 P" etc. the new kernel with S warps
-// per 16-row tile, U 16-byte loads per lane and row in flight, R tiles per block, P pipelined.
+// checked outputs). Designs: "lib" the library's launcher (its choice of instance), "S4 U2 R2 P" etc.
+// the kernel with S warps per 16-row tile, U 16-byte loads per lane and row in flight, R tiles per
+// block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16 tokens, the single-block ones
+// at 1..8).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,23 +43,37 @@ using ingot::cuda::int4gemv::Args;
 using ingot::lab::ck;
 using Design = ingot::lab::Design<Args>;
 
-template <int S, int U, int R, bool P>
+template <int S, int U, int R, bool P, int NT = 1>
 Design design() {
   Design d;
-  d.name = ingot::lab::design_name(S, U, R, P);
+  d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "");
+  d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
+  d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
     const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P>, dim3(blocks), dim3(R * S * 32),
-                        0, s, a);
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P, NT>, dim3(blocks),
+                        dim3(R * S * 32), 0, s, a);
   };
   return d;
 }
 
-// The library's kernels through their public launchers: Args as the Mats they take.
-Design library(bool old) {
+// The kernel's splits with NT blocks of 8 token columns (the library's 9..16 tokens: NT = 2).
+template <int NT>
+void add_wide(std::vector<Design>& v) {
+  v.push_back(design<4, 2, 1, false, NT>());
+  v.push_back(design<4, 4, 1, false, NT>());
+  v.push_back(design<8, 1, 1, false, NT>());
+  v.push_back(design<8, 2, 1, false, NT>());
+  v.push_back(design<16, 1, 1, false, NT>());
+  v.push_back(design<8, 1, 2, false, NT>());
+}
+
+// The library's kernels through their public launcher: Args as the Mats it takes.
+Design library() {
   Design d;
-  d.name = old ? "old" : "lib";
-  d.launch = [old](const Args& a, cudaStream_t s) {
+  d.name = "lib";
+  d.max_tokens = 16;
+  d.launch = [](const Args& a, cudaStream_t s) {
     using ingot::DType;
     using ingot::Mat;
     Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
@@ -67,9 +83,7 @@ Design library(bool old) {
     w.int4.group_size = int64_t(1) << a.group_shift;
     w.int4.zeros = const_cast<uint8_t*>(a.zeros);
     Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
-    const bool ran = old ? ingot::cuda::launch_int4_gemv_mma(x, w, a.bias, y, s)
-                         : ingot::cuda::launch_int4_gemv(x, w, a.bias, y, s);
-    if (!ran) {
+    if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, s)) {
       std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
       std::exit(1);
     }
@@ -77,13 +91,15 @@ Design library(bool old) {
   return d;
 }
 
-// The library's current and older paths, then the new kernel's splits around int4_design's picks.
+// The library's path, then the kernel's splits around int4_design's picks.
 std::vector<Design> designs() {
-  return {library(false),            library(true),
-          design<1, 4, 4, false>(),  design<2, 4, 2, false>(),  design<2, 2, 4, true>(),  design<4, 2, 2, false>(),
-          design<4, 4, 1, false>(),  design<4, 4, 1, true>(),   design<8, 1, 1, false>(), design<8, 2, 1, false>(),
-          design<8, 2, 2, false>(),  design<8, 4, 1, false>(),  design<8, 4, 1, true>(),  design<16, 1, 1, false>(),
-          design<16, 2, 1, false>(), design<16, 4, 1, false>()};
+  std::vector<Design> v = {
+      library(),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
+      design<2, 2, 4, true>(),  design<4, 2, 2, false>(),  design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
+      design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
+      design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
+  add_wide<2>(v);
+  return v;
 }
 
 struct Shape {
@@ -112,6 +128,9 @@ int main(int argc, char** argv) {
       {"l8b.qkv", 6144, 4096, 32, 1}, {"l8b.qkv", 6144, 4096, 128, 2},
       {"l8b.qkv", 6144, 4096, 128, 4}, {"l8b.down", 4096, 14336, 128, 4},
       {"l8b.qkv", 6144, 4096, 128, 8}, {"l8b.down", 4096, 14336, 128, 8},
+      // batch decode: 16 tokens (two token blocks)
+      {"l8b.qkv", 6144, 4096, 128, 16}, {"l8b.o", 4096, 4096, 128, 16},
+      {"l8b.gateup", 28672, 4096, 128, 16}, {"l8b.down", 4096, 14336, 128, 16},
   };
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
@@ -181,6 +200,7 @@ int main(int argc, char** argv) {
     while ((1 << lg) < sh.G) ++lg;
     for (const Design& d : designs()) {
       if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
+      if (sh.T < d.min_tokens || sh.T > d.max_tokens) continue;
       ck(cudaMemset(y, 0xff, size_t(sh.T) * size_t(sh.N) * 2), "memset");  // NaN until written
       cudaGraph_t g;
       cudaGraphExec_t ge;

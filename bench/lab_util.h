@@ -22,6 +22,7 @@ template <typename Args>
 struct Design {
   std::string name;
   std::function<void(const Args&, cudaStream_t)> launch;
+  int min_tokens = 1, max_tokens = 1 << 30;  // the token counts it is timed at
 };
 
 // Milliseconds the work fn() enqueues on stream s takes (events around it).

@@ -54,9 +54,10 @@ TEST_P(CudaOps, Int4Linear) {
 }
 
 // Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336) and the
-// 8..16-token half of its tiles.
+// 9..16-token instances (two blocks of 8 token columns).
 TEST_P(CudaOps, Int4LinearLongRows) {
-  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336}}) {
+  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
+                         {16, 24, 14336}}) {
     const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
@@ -69,17 +70,18 @@ TEST_P(CudaOps, Int4LinearLongRows) {
   }
 }
 
-// The 1..8-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
+// The 1..16-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
 // Llama-like rows (K = 1024, 4096, 14336: one step, several, and a last step part-full for every
 // split int4_linear.cu picks), odd N (16-row tiles cut short; one N of several blocks), zero points or
-// none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are zeros). 16-bit only:
-// f32 engines keep their own kernel.
+// none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are not written) and
+// 9, 12 and 16 (two token blocks, the second part-full or full). 16-bit only: f32
+// engines keep their own kernel.
 TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
   if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernel takes f16/bf16 activations";
   int cases = 0;
   for (int64_t G : {32, 64, 128, 256})
     for (int64_t K : {1024, 4096, 14336})
-      for (int64_t T : {1, 2, 5, 8}) {
+      for (int64_t T : {1, 2, 5, 8, 9, 12, 16}) {
         const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
         const int64_t N = K == 4096 && T == 1 ? 333 : 37;
         const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
@@ -94,7 +96,7 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
                          " K=" + std::to_string(K) + (zeros ? " zeros" : "") + (bias ? " bias" : ""));
         ++cases;
       }
-  EXPECT_EQ(cases, 48);
+  EXPECT_EQ(cases, 84);
 }
 
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
@@ -118,7 +120,7 @@ TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
 // host's round_dt((nibble - zero) * scale) on the GPU, within the dtype's tolerance (the two differ in
 // accumulation order and kernel, not in weights).
 TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
-  for (int64_t T : {1, 5, 16}) {
+  for (int64_t T : {1, 5, 9, 16}) {
     const int64_t N = 72, K = 1024, G = 128;
     const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_, false);
     auto x = rnd(size_t(T * K));

@@ -233,9 +233,6 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op);
 // y = x w^T (+bias, in the scales' dtype) for 1..kInt4DecodeRows tokens; false, launching nothing,
 // when the call does not suit it (more tokens, an act-order perm, unaligned x).
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
-// The same product on int4_mma_kernel alone (f16/bf16), the kernel launch_int4_gemv takes for 9..16
-// tokens (and for all under INGOT_CUDA_INT4_OLD=1): bench/int4_lab.cu times it against the newer one.
-bool launch_int4_gemv_mma(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
 // Adds bias [N] (in bias_dtype) to every row of y.

@@ -1,9 +1,9 @@
-// The INT4 weight-only decode product for 1..8 tokens of f16/bf16 activations (y = x w^T + bias, w
+// The INT4 weight-only decode product for 1..16 tokens of f16/bf16 activations (y = x w^T + bias, w
 // packed as quant/int4.h lays it out), a template over its split of the rows in the manner of
 // gemv_kernel.cuh: S warps per 16-row tile splitting K, U 16-byte loads per lane and row in flight,
 // R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
 // the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
-// and against the library's launcher. Also here: the pieces int4_linear.cu's older kernels share with
+// and against the library's launcher. Also here: the pieces int4_linear.cu's other kernels share with
 // it (the exact 16-bit dequantization of a nibble pair; the MMA is mma_tiles.cuh's), so every path
 // dequantizes to the same bits.
 //
@@ -15,7 +15,7 @@
 // Why this shape (instruction count per 16-byte load of 32 weights is what bounds the older kernel):
 //  - The weights are the MMA's A operand (m16n8k16: 16 output rows x 16 k slots) and the tokens its B
 //    columns (8: tokens past the call are zero columns). A lane holds 8 weights per MMA, so 32
-//    weights take 4 MMAs (the older kernel, weights as B, needs 8), and 1..8 tokens cost the same.
+//    weights take 4 MMAs (weights as B would need 8), and 1..8 tokens cost the same.
 //  - Lane (g, t) reads 16 bytes of row g and 16 of row g + 8 at the same columns; the B fragment
 //    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
 //    both rows.
@@ -55,7 +55,7 @@ __device__ __forceinline__ void load_pairs32(const T* p, uint32_t (&xv)[16]) {
   }
 }
 
-constexpr int kMaxTokens = 8;         // the MMA's B columns
+constexpr int kMaxTokens = 8;         // the MMA's B columns: one token block
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
 
 struct Args {
@@ -69,7 +69,7 @@ struct Args {
   const void* bias;      // [N] or null
   void* y;               // [T, N], y_ld elements between rows
   int64_t y_ld;
-  int T, N, K;           // T: 1..kMaxTokens here (int4_linear.cu's other kernels take up to 16); K a
+  int T, N, K;           // T: 1..kMaxTokens x the instance's token blocks (NT; the f32 kernel: 16); K a
                          // multiple of 32 (groups are powers of two >= 32)
   int group_shift;       // log2(group size)
 };
@@ -127,7 +127,14 @@ struct Slot {
 // (2t, 2t+1 | 2t+8, 2t+9) hold columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7): the
 // nibble pairs a shift and a mask give, and x is paired the same way with byte permutes, so every
 // product pairs a weight with its own input column and the weights need no re-layout.
-template <typename T, int S, int U, int R, bool kPipe>
+//
+// NT > 1 (up to 8 NT tokens; the library takes NT = 2 for 9..16): the same tile and loads, NT MMA
+// column blocks of 8 tokens. Each word's two A fragments are dequantized once and feed NT MMAs each
+// (token block b's B fragment from token 8b + g's x, read per word: 16 bytes), so the dequantization
+// is shared by all the tokens and consecutive MMAs write different accumulators. Past 16 tokens the x
+// reads (NT 16-byte loads per word, each from 8 rows) cost more than the shared dequantization saves:
+// on the H200 4 and 8 blocks ran slower than dequantize + cuBLASLt (docs/quantization.md).
+template <typename T, int S, int U, int R, bool kPipe, int NT = 1>
 __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
@@ -180,8 +187,48 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
       sl[u].sb = ok ? bits_of(scb[grp]) * 0x00010001u : 0u;
     }
   };
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  auto math = [&](const Slot (&sl)[U], int step) {
+  // NT = 1: two accumulators alternating by h; NT > 1: one per token block.
+  constexpr int kAcc = NT == 1 ? 2 : NT;
+  float acc[kAcc][4];
+#pragma unroll
+  for (int b = 0; b < kAcc; ++b)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[b][e] = 0.f;
+  // Token block b's x row for this lane: token 8b + g, or the call's last token past it (its B column
+  // feeds only output column 8b + g, which is not written).
+  auto x_row = [&](int b) {
+    return static_cast<const T*>(a.x) + int64_t(min(8 * b + g, a.T - 1)) * a.x_ld;
+  };
+  auto math_wide = [&](const Slot (&sl)[U], int step) {
+    const int q0 = (step * S + part) * 4 * U;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (q0 + 4 * u >= pieces) break;  // warp-uniform
+      // A lane past K has zero weights and scale (exact zeros); its x is read at the last piece.
+      const int p = min(q0 + 4 * u + t, pieces - 1);
+      const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
+      const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint4 xw[NT];  // token block b's x at columns 8j .. 8j + 7 of piece p
+#pragma unroll
+        for (int b = 0; b < NT; ++b) xw[b] = *reinterpret_cast<const uint4*>(x_row(b) + int64_t(p) * 32 + 8 * j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, sl[u].zma, sl[u].sa),
+                                 dequant_pair<T>(wb4[j], 8 * h, sl[u].zmb, sl[u].sb),
+                                 dequant_pair<T>(wa4[j], 8 * h + 4, sl[u].zma, sl[u].sa),
+                                 dequant_pair<T>(wb4[j], 8 * h + 4, sl[u].zmb, sl[u].sb)};
+#pragma unroll
+          for (int b = 0; b < NT; ++b) {
+            const uint32_t lo = h ? xw[b].y : xw[b].x, hi = h ? xw[b].w : xw[b].z;
+            mma::Mma<T>::run(acc[b], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+          }
+        }
+      }
+    }
+  };
+  auto math_one = [&](const Slot (&sl)[U], int step) {
     const int q0 = (step * S + part) * 4 * U;  // the warp's first piece this step (lane t = 0)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -209,6 +256,11 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     }
   };
 
+  auto math = [&](const Slot (&sl)[U], int step) {
+    if constexpr (NT > 1) math_wide(sl, step);
+    else math_one(sl, step);
+  };
+
   const int steps = (pieces + kStepPieces - 1) / kStepPieces;
   if constexpr (!kPipe) {
     for (int i = 0; i < steps; ++i) {
@@ -231,14 +283,26 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     }
   }
 
-  float c[4];
+  if constexpr (NT == 1) {
+    float c[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
-  if constexpr (S > 1) {
-    __shared__ float partial[R][S][4][32];  // each tile's S warp sums
-    mma::store_tile<T, S>(a, c, partial[r], part, lane, n0, 0);
+    for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
+    if constexpr (S > 1) {
+      __shared__ float partial[R][S][4][32];  // each tile's S warp sums
+      mma::store_tile<T, S>(a, c, partial[r], part, lane, n0, 0);
+    } else {
+      mma::store_tile<T, S>(a, c, nullptr, part, lane, n0, 0);
+    }
   } else {
-    mma::store_tile<T, S>(a, c, nullptr, part, lane, n0, 0);
+    // Token block by token block through one [R][S][4][32] exchange (store_tile syncs after the writes;
+    // the sync here keeps block b + 1's writes behind warp 0's reads of block b).
+    __shared__ float partial[R][S > 1 ? S : 1][4][32];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) {
+      if (8 * b >= a.T) break;  // block-uniform
+      if (b > 0 && S > 1) __syncthreads();
+      mma::store_tile<T, S>(a, acc[b], S > 1 ? partial[r] : nullptr, part, lane, n0, 8 * b);
+    }
   }
 }
 

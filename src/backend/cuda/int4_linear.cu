@@ -4,19 +4,13 @@
 // consecutive bytes (32 values, always inside one group since groups are powers of two >= 32) per
 // lane per load.
 //
-// Four kernels:
-//  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..8 tokens, decode): the weights as the MMA's
-//    A operand, 16 output rows a warp tile, S warps of a tile splitting K; its instance per shape is
-//    int4_design below. INGOT_CUDA_INT4_OLD=1 sends these calls to int4_mma_kernel instead.
-//  - int4_mma_kernel (f16/bf16, 9..16 tokens, and 1..8 before the kernel above): one block per 8
-//    output rows, its warps splitting K; each lane dequantizes in registers into pairs of the
-//    activation dtype, exactly round((nibble - zero) * scale) (the integer difference is exact in 16
-//    bits, the product rounded once, as the f32 product rounded to 16 bits is), and feeds them to
-//    mma.sync m16n8k16 as the B operand (k x outputs), the tokens being the A rows (16; rows past
-//    the call are zeros), fp32 accumulation. The MMA's 16 k slots need not be consecutive columns: a
-//    lane's pairs are whatever two nibbles a shift and a mask give (columns c and c+4 of a 32-bit
-//    word), and the x fragment is assembled from the same columns with byte permutes, so the weights
-//    need no re-layout.
+// Three kernels:
+//  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..16 tokens, decode): the weights as the MMA's
+//    A operand, 16 output rows a warp tile, S warps of a tile splitting K, each lane dequantizing in
+//    registers exactly round((nibble - zero) * scale), fp32 accumulation; tokens are the B columns,
+//    one block of 8 (its instance per shape: int4_design below) or two (launch_two_blocks). It
+//    replaced int4_mma_kernel (tokens as the A rows, weights as B), slower at every token count
+//    (docs/quantization.md, 2026-12-03).
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
 //    exactly in f32 ((nibble - zero) * scale, one f32 product, as the CPU reference) and f32 FMAs.
 //  - int4_dequant_kernel (wider products, act-order weights, batch-invariant mode): the weight into a
@@ -33,10 +27,8 @@
 namespace ingot::cuda {
 namespace {
 
-constexpr int kWarps = 4;             // warps per block: the MMA kernel's split of K, the f32 kernel's rows
-constexpr int kLoads = 4;             // 16-byte weight loads in flight per lane per step
-constexpr int kChunk = 128;           // values per MMA-kernel chunk: 4 lanes x 32 values of one row
-constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
+constexpr int kWarps = 4;  // the f32 kernel's rows per block (a warp each)
+using int4gemv::kPrefetchBytes;
 
 // The arguments of every INT4 product kernel here (int4gemv::kernel's own, one struct for all).
 using Int4Args = int4gemv::Args;
@@ -57,106 +49,6 @@ struct DequantArgs {
 using int4gemv::bits_of;
 using int4gemv::dequant_pair;
 using int4gemv::Pair;
-
-// 32 values of x row `row` from column `base` as 16 pairs (zeros when the row or the columns are
-// outside the call).
-template <typename T>
-__device__ __forceinline__ void load_x32(const Int4Args& a, int row, int base, bool valid, uint32_t (&xv)[16]) {
-  const bool in = valid && row < a.T;
-  int4gemv::load_pairs32<T>(in ? static_cast<const T*>(a.x) + int64_t(row) * a.x_ld + base : nullptr, xv);
-}
-
-// Lane (g, t) = (lane / 4, lane % 4) of each warp: B column g is output row n0 + g, whose chunk
-// columns [t*32, t*32 + 32) it loads (16 bytes); A rows g and g + 8 are tokens g and g + 8. Word j of
-// the lane's 16 bytes (columns base + 8j .. + 7) feeds two MMAs: k slots (2t, 2t+1 | 2t+8, 2t+9) hold
-// columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7) — for A and B alike, so every
-// product pairs a weight with its own input column. kRows16: tokens 8..15 exist (A rows 8..15 loaded).
-template <typename T, bool kRows16>
-__global__ void __launch_bounds__(kWarps * 32) int4_mma_kernel(Int4Args a) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 8;
-  const int n = min(n0 + g, a.N - 1);  // rows past N read the last row; their outputs are not written
-  const uint8_t* wrow = a.w + int64_t(n) * a.w_ld;
-  // The head of each row into L2 (one 128-byte line per lane of its quad), before waiting.
-  for (int b = (warp * 4 + t) * 128; b < min(a.K / 2, kPrefetchBytes); b += kWarps * 4 * 128)
-    prefetch_l2_line(wrow + b);
-  pdl_wait();
-  pdl_trigger();
-  const T* scales = static_cast<const T*>(a.scales) + int64_t(n) * a.s_ld;
-  const uint8_t* zeros = a.zeros ? a.zeros + int64_t(n) * a.s_ld : nullptr;
-  const int chunks = (a.K + kChunk - 1) / kChunk;
-
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int c0 = warp; c0 < chunks; c0 += kWarps * kLoads) {
-    uint4 wq[kLoads];
-    uint32_t zm[kLoads], s2[kLoads];
-    bool valid[kLoads];
-    // Every load of the step first (weights, then their scales and zeros), then the math.
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int base = (c0 + u * kWarps) * kChunk + t * 32;
-      valid[u] = c0 + u * kWarps < chunks && base < a.K;
-      wq[u] = valid[u] ? load_stream16(wrow + base / 2) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int grp = ((c0 + u * kWarps) * kChunk + t * 32) >> a.group_shift;
-      const uint32_t z = valid[u] ? (zeros ? uint32_t(zeros[grp]) : 8u) : 8u;
-      const uint32_t s = valid[u] ? bits_of(scales[grp]) : 0u;
-      zm[u] = (Pair<T>::kMagic | z) * 0x00010001u;
-      s2[u] = s * 0x00010001u;
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      if (c0 + u * kWarps >= chunks) break;  // warp-uniform: the MMAs below run on every lane or none
-      const int base = (c0 + u * kWarps) * kChunk + t * 32;
-      uint32_t xa[16], xb[16];
-      load_x32<T>(a, g, base, valid[u], xa);
-      if constexpr (kRows16) load_x32<T>(a, g + 8, base, valid[u], xb);
-      const uint32_t words[4] = {wq[u].x, wq[u].y, wq[u].z, wq[u].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        // A lane outside K multiplies zeros by zeros (its dequantized nibbles would be -zero * 0 = 0
-        // too, but x is what guarantees it).
-        const uint32_t r0 = xa[4 * j], r1 = xa[4 * j + 1], r2 = xa[4 * j + 2], r3 = xa[4 * j + 3];
-        uint32_t A[4];
-        A[0] = __byte_perm(r0, r2, 0x5410);  // row g, slots 2t, 2t+1: columns 8j, 8j+4
-        A[2] = __byte_perm(r0, r2, 0x7632);  // row g, slots 2t+8, 2t+9: columns 8j+1, 8j+5
-        A[1] = A[3] = 0;
-        if constexpr (kRows16) {
-          A[1] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x5410);
-          A[3] = __byte_perm(xb[4 * j], xb[4 * j + 2], 0x7632);
-        }
-        mma::Mma<T>::run(c, A, dequant_pair<T>(words[j], 0, zm[u], s2[u]), dequant_pair<T>(words[j], 4, zm[u], s2[u]));
-        A[0] = __byte_perm(r1, r3, 0x5410);  // columns 8j+2, 8j+6
-        A[2] = __byte_perm(r1, r3, 0x7632);  // columns 8j+3, 8j+7
-        if constexpr (kRows16) {
-          A[1] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x5410);
-          A[3] = __byte_perm(xb[4 * j + 1], xb[4 * j + 3], 0x7632);
-        }
-        mma::Mma<T>::run(c, A, dequant_pair<T>(words[j], 8, zm[u], s2[u]), dequant_pair<T>(words[j], 12, zm[u], s2[u]));
-      }
-    }
-  }
-
-  // The warps' partial sums, added in warp order (a fixed order: results do not depend on scheduling).
-  // Thread (i, l) of the block finishes C element i of lane l: token g(l) (+8 for i >= 2), output
-  // n0 + 2 t(l) + (i & 1).
-  static_assert(kWarps == 4, "the block's 4 x 32 threads finish the 4 C elements of the 32 lanes");
-  __shared__ float part[kWarps][4][32];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][i][lane] = c[i];
-  __syncthreads();
-  const int i = threadIdx.x / 32, l = threadIdx.x & 31;
-  float v = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) v += part[w][i][l];
-  const int tok = (l >> 2) + (i >= 2 ? 8 : 0), out = n0 + 2 * (l & 3) + (i & 1);
-  if (tok < a.T && out < a.N) {
-    if (a.bias) v += to_f(static_cast<const T*>(a.bias)[out]);
-    static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(v);
-  }
-}
 
 // f32 activations: a warp per output row, each lane 32 values (16 bytes) per step; up to NT tokens.
 template <int NT>
@@ -317,24 +209,26 @@ Int4Design int4_design(int N, int K) {
   return Int4Design::S8U4R1;
 }
 
-// The new kernel serves 1..kNewTokens tokens (its MMA's 8 token columns); 9..16 keep int4_mma_kernel.
-constexpr int kNewTokens = int4gemv::kMaxTokens;
-
-// INGOT_CUDA_INT4_OLD=1: every 1..16-token product on int4_mma_kernel, the kernel before
-// int4_gemv_kernel.cuh (for A/B measurements, as INGOT_CUDA_GEMV_ONE_WARP=1 is for the 16-bit GEMV).
-bool int4_old_path() {
-  static const bool on = env_knob("INGOT_CUDA_INT4_OLD", 0) == 1;
-  return on;
-}
-
-template <typename T, int S, int U, int R, bool P>
+template <typename T, int S, int U, int R, bool P, int NT = 1>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   const unsigned tiles = unsigned((a.N + 15) / 16), blocks = (tiles + R - 1) / R;
-  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+}
+
+// 9..16 tokens: two blocks of 8 token columns (int4gemv::kernel's NT = 2), the split bench/int4_lab.cu
+// measured fastest on the H200 (2026-12-03, bf16, group 128, 16 tokens; µs per call against the next
+// best): four loads in flight per warp (two per lane and row) for the O / down shapes (8.90 against
+// 9.11; 23.55 against 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against
+// 52.28).
+template <typename T>
+void launch_two_blocks(const int4gemv::Args& a, cudaStream_t s) {
+  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, 2>(a, s);
+  return launch_design<T, 8, 1, 1, false, 2>(a, s);
 }
 
 template <typename T>
 void launch_new(const int4gemv::Args& a, cudaStream_t s) {
+  if (a.T > int4gemv::kMaxTokens) return launch_two_blocks<T>(a, s);
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
     case Int4Design::S8U2R1: return launch_design<T, 8, 2, 1, false>(a, s);
@@ -359,27 +253,12 @@ Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
 
 }  // namespace
 
-bool launch_int4_gemv_mma(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
-  if (!decode_suits(x, w) || (x.dtype != DType::F16 && x.dtype != DType::BF16)) return false;
-  const Int4Args a = int4_args(x, w, bias, y);
-  dispatch(x.dtype, "int4 linear", [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    if constexpr (!std::is_same_v<T, float>) {
-      const dim3 grid(unsigned((a.N + 7) / 8));
-      if (a.T > 8) launch("int4_mma_kernel", int4_mma_kernel<T, true>, grid, dim3(kWarps * 32), 0, s, a);
-      else launch("int4_mma_kernel", int4_mma_kernel<T, false>, grid, dim3(kWarps * 32), 0, s, a);
-    }
-  });
-  return true;
-}
-
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
   if (!decode_suits(x, w)) return false;
   const Int4Args a = int4_args(x, w, bias, y);
   switch (x.dtype) {
     case DType::F16:
     case DType::BF16:
-      if (a.T > kNewTokens || int4_old_path()) return launch_int4_gemv_mma(x, w, bias, y, s);
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, s);
