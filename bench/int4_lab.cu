@@ -4,8 +4,8 @@
 // copies of the weight that every call streams it from HBM (about 320 MB of packed weights, scales
 // and zeros per shape), programmatic dependent launch on.
 // Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
-// one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16 for Llama-3.1-8B's four: the
-// two-token-block instances). Every design is checked against a double-precision host product of the
+// one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16 and 64 for Llama-3.1-8B's four and
+// 32 for two: the instances of two, four and eight token blocks). Every design is checked against a double-precision host product of the
 // same dequantized values; a mismatch beyond what f32 accumulation and the output's bf16 rounding
 // explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
@@ -19,7 +19,8 @@
 // checked outputs). Designs: "lib" the library's launcher (its choice of instance), "S4 U2 R2 P" etc.
 // the kernel with S warps per 16-row tile, U 16-byte loads per lane and row in flight, R tiles per
 // block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16 tokens, the single-block ones
-// at 1..8).
+// at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first (17..32 / 33..64; both
+// launches timed).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -57,6 +58,24 @@ Design design() {
   return d;
 }
 
+// NT = 4, 8 with x reordered first (the lab's buffer at a.xf), both launches timed.
+template <int S, int U, int R, int NT>
+Design design_frag() {
+  Design d;
+  d.name = ingot::lab::design_name(S, U, R, false) + " N" + std::to_string(NT) + " X";
+  d.min_tokens = 4 * NT + 1;
+  d.max_tokens = 8 * NT;
+  d.launch = [](const Args& a, cudaStream_t s) {
+    const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
+    ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
+                        dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
+    const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, false, NT, true>, dim3(blocks),
+                        dim3(R * S * 32), 0, s, a);
+  };
+  return d;
+}
+
 // The kernel's splits with NT blocks of 8 token columns (the library's 9..16 tokens: NT = 2).
 template <int NT>
 void add_wide(std::vector<Design>& v) {
@@ -72,7 +91,7 @@ void add_wide(std::vector<Design>& v) {
 Design library() {
   Design d;
   d.name = "lib";
-  d.max_tokens = 16;
+  d.max_tokens = 64;
   d.launch = [](const Args& a, cudaStream_t s) {
     using ingot::DType;
     using ingot::Mat;
@@ -83,7 +102,8 @@ Design library() {
     w.int4.group_size = int64_t(1) << a.group_shift;
     w.int4.zeros = const_cast<uint8_t*>(a.zeros);
     Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
-    if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, s)) {
+    if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, const_cast<void*>(a.xf),
+                                       size_t(ingot::cuda::int4gemv::xfrag_bytes(a.K, 8)), s)) {
       std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
       std::exit(1);
     }
@@ -99,6 +119,9 @@ std::vector<Design> designs() {
       design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
   add_wide<2>(v);
+  for (Design d : {design_frag<8, 1, 1, 4>(), design_frag<8, 2, 1, 4>(), design_frag<4, 2, 1, 4>(),
+                   design_frag<8, 1, 1, 8>(), design_frag<8, 2, 1, 8>(), design_frag<4, 2, 1, 8>()})
+    v.push_back(d);
   return v;
 }
 
@@ -128,9 +151,12 @@ int main(int argc, char** argv) {
       {"l8b.qkv", 6144, 4096, 32, 1}, {"l8b.qkv", 6144, 4096, 128, 2},
       {"l8b.qkv", 6144, 4096, 128, 4}, {"l8b.down", 4096, 14336, 128, 4},
       {"l8b.qkv", 6144, 4096, 128, 8}, {"l8b.down", 4096, 14336, 128, 8},
-      // batch decode: 16 tokens (two token blocks)
+      // batch decode: 16 tokens (two token blocks), 32 and 64 (four and eight, x reordered first)
       {"l8b.qkv", 6144, 4096, 128, 16}, {"l8b.o", 4096, 4096, 128, 16},
       {"l8b.gateup", 28672, 4096, 128, 16}, {"l8b.down", 4096, 14336, 128, 16},
+      {"l8b.qkv", 6144, 4096, 128, 32}, {"l8b.gateup", 28672, 4096, 128, 32},
+      {"l8b.qkv", 6144, 4096, 128, 64}, {"l8b.o", 4096, 4096, 128, 64},
+      {"l8b.gateup", 28672, 4096, 128, 64}, {"l8b.down", 4096, 14336, 128, 64},
   };
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
@@ -170,6 +196,8 @@ int main(int argc, char** argv) {
       ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
     }
     bf16 *x, *y;  // [T, K], [T, N]
+    void* xf;     // x in fragment order (the 4- and 8-block instances), as the library's scratch
+    ck(cudaMalloc(&xf, size_t(ingot::cuda::int4gemv::xfrag_bytes(sh.K, 8))), "malloc");
     ck(cudaMalloc(&x, hx.size() * 2), "malloc");
     ck(cudaMalloc(&y, size_t(sh.T) * size_t(sh.N) * 2), "malloc");
     ck(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "upload");
@@ -208,7 +236,7 @@ int main(int argc, char** argv) {
       for (int c = 0; c < copies; ++c) {
         const uint8_t* base = pool + size_t(c) * copy;
         d.launch(Args{x, sh.K, base, sh.K / 2, base + wbytes, base + wbytes + sbytes, groups, nullptr, y, sh.N, sh.T,
-                      sh.N, sh.K, lg},
+                      sh.N, sh.K, lg, xf},
                  s);
       }
       ck(cudaStreamEndCapture(s, &g), "capture");
@@ -239,6 +267,7 @@ int main(int argc, char** argv) {
     }
     ck(cudaFree(pool), "free");
     ck(cudaFree(x), "free");
+    ck(cudaFree(xf), "free");
     ck(cudaFree(y), "free");
   }
   std::printf("\nfinal table (device copy %.0f GB/s)\n%-12s %-14s %2s %4s %9s %9s %9s\n", copy_gbs, "design", "shape",

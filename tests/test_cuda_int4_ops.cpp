@@ -26,13 +26,14 @@ namespace {
 using namespace test;
 
 // INT4 linear against the CPU reference on the same packed bytes, scales, zeros and perm, for every
-// group size, both paths (the decode kernel up to 16 rows, dequantize + cuBLASLt beyond, and always
-// with a perm), with and without zero points, act-order and bias. K is an odd number of groups so the
+// group size, both paths (the decode kernels up to 64 rows of 16-bit activations and 16 of f32,
+// dequantize + cuBLASLt beyond, and always with a perm), with and without zero points, act-order and
+// bias. K is an odd number of groups so the
 // decode kernel's 128-column chunks end part-way, N not a multiple of its 8-row tiles.
 TEST_P(CudaOps, Int4Linear) {
   int cases = 0;
   for (int64_t G : {32, 64, 128, 256})
-    for (int64_t T : {1, 2, 7, 16, 17, 64})
+    for (int64_t T : {1, 2, 7, 16, 17, 64, 65})
       for (int variant = 0; variant < 4; ++variant) {
         const bool zeros = variant & 1, perm = variant & 2, bias = (T + variant) % 2 == 0;
         const int64_t N = T == 7 ? 64 : 37, K = G * (G == 256 ? 3 : 5);
@@ -50,18 +51,19 @@ TEST_P(CudaOps, Int4Linear) {
         expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(), what);
         ++cases;
       }
-  EXPECT_EQ(cases, 96);
+  EXPECT_EQ(cases, 112);
 }
 
 // Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336) and the
-// 9..16-token instances (two blocks of 8 token columns).
+// batch instances (two, four and eight blocks of 8 token columns).
 TEST_P(CudaOps, Int4LinearLongRows) {
   for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
-                         {16, 24, 14336}}) {
+                         {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}}) {
     const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
     Side& c = *cpu_;
+    gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, false));
     void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
     gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), nullptr, g.m(gy, T, N));
     cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), nullptr, c.m(cy, T, N));
@@ -70,18 +72,18 @@ TEST_P(CudaOps, Int4LinearLongRows) {
   }
 }
 
-// The 1..16-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
+// The 1..64-token decode kernel (int4_gemv_kernel.cuh) against the CPU reference: every group size,
 // Llama-like rows (K = 1024, 4096, 14336: one step, several, and a last step part-full for every
 // split int4_linear.cu picks), odd N (16-row tiles cut short; one N of several blocks), zero points or
 // none, bias or none, 1, 2, 5 and 8 tokens (B columns of the MMA past the call are not written) and
-// 9, 12 and 16 (two token blocks, the second part-full or full). 16-bit only: f32
-// engines keep their own kernel.
+// 9, 12 and 16 (two token blocks, the second part-full or full), 17 and 32 (four, x reordered), 40 and
+// 64 (eight). 16-bit only: f32 engines keep their own kernel.
 TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
   if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 MMA decode kernel takes f16/bf16 activations";
   int cases = 0;
   for (int64_t G : {32, 64, 128, 256})
     for (int64_t K : {1024, 4096, 14336})
-      for (int64_t T : {1, 2, 5, 8, 9, 12, 16}) {
+      for (int64_t T : {1, 2, 5, 8, 9, 12, 16, 17, 32, 40, 64}) {
         const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
         const int64_t N = K == 4096 && T == 1 ? 333 : 37;
         const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
@@ -89,6 +91,7 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
         Side& g = *gpu_;
         Side& c = *cpu_;
         void *gy = g.put(std::vector<float>(size_t(T * N), 7.0f)), *cy = c.put(std::vector<float>(size_t(T * N)));
+        gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, false));
         gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), bias ? g.put(b) : nullptr, g.m(gy, T, N));
         cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), bias ? c.put(b, dt_) : nullptr, c.m(cy, T, N));
         expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
@@ -96,14 +99,14 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
                          " K=" + std::to_string(K) + (zeros ? " zeros" : "") + (bias ? " bias" : ""));
         ++cases;
       }
-  EXPECT_EQ(cases, 84);
+  EXPECT_EQ(cases, 132);
 }
 
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
 // its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
 TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
   for (bool perm : {false, true}) {
-    const int64_t T = 40, N = 48, K = 384, G = 64;
+    const int64_t T = 80, N = 48, K = 384, G = 64;  // past the decode kernels' 64 rows
     const Int4Weight w = random_int4(rng_, N, K, G, true, perm, dt_, false);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
@@ -120,11 +123,12 @@ TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
 // host's round_dt((nibble - zero) * scale) on the GPU, within the dtype's tolerance (the two differ in
 // accumulation order and kernel, not in weights).
 TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
-  for (int64_t T : {1, 5, 9, 16}) {
+  for (int64_t T : {1, 5, 9, 16, 24, 64}) {
     const int64_t N = 72, K = 1024, G = 128;
     const Int4Weight w = random_int4(rng_, N, K, G, true, false, dt_, false);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
+    gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, false));
     void* gx = g.put(x);
     void *q = g.put(std::vector<float>(size_t(T * N), 7.0f)), *d = g.put(std::vector<float>(size_t(T * N)));
     gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(q, T, N));
@@ -134,15 +138,21 @@ TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
 }
 
 TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
-  const int64_t T = 17, N = 16, K = 64;
+  const int64_t rows = dt_ == DType::F32 ? 16 : 64;  // the decode kernels' rows (int4_decode_rows)
+  const int64_t T = rows + 1, N = 16, K = 64;
   Int4Weight w = random_int4(rng_, N, K, 32, false, false, dt_);
   Side& g = *gpu_;
   void *gx = g.put(rnd(size_t(T * K))), *gy = g.put(std::vector<float>(size_t(T * N)));
-  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, false), 0u);  // the decode kernel reads the packed bytes
+  // The decode kernel reads the packed bytes (up to 16 rows with no scratch; 16-bit x past that: x in
+  // fragment order, [ceil(K / 128) x 128 columns, 64 rows] of 16 bits at 64 rows); a perm always
+  // takes the dequantized weight.
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, false), 0u);
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, rows, false), dt_ == DType::F32 ? 0u : 128u * 64u * 2u);
   EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, true), size_t(N * K) * dtype_size(dt_));
-  // More than 16 rows without the scratch a Model reserves.
+  // More rows than the decode kernels take, without the scratch a Model reserves.
   test::expect_error([&] { gpu_be_->linear(g.m(gx, T, K), w.put(g, dt_), nullptr, g.m(gy, T, N)); },
-                     {"INT4 weight [16, 64] over 17 rows needs " + std::to_string(N * K * int64_t(dtype_size(dt_))) + " bytes",
+                     {"INT4 weight [16, 64] over " + std::to_string(T) + " rows needs " +
+                          std::to_string(N * K * int64_t(dtype_size(dt_))) + " bytes",
                       "reserve_linear_scratch"});
   // A group size the kernels do not take, scales in another dtype, packed rows of the wrong length.
   Mat bad = w.put(g, dt_);

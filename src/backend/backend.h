@@ -225,7 +225,8 @@ class Backend {
   // Bytes of scratch linear() needs for a weight of `weight_dtype` (U8: packed INT4), rows x cols,
   // called with `tokens` rows (`perm`: an INT4 weight with an act-order permutation): 0 where the
   // weight and x are read as they are (the CPU always; CUDA's one-token GEMV and its INT4 decode kernel
-  // for up to kInt4DecodeRows tokens without a perm). CUDA's other products use it for the INT4 weight
+  // for up to 16 tokens without a perm; 17..64 of 16-bit x take x reordered, [tokens, cols] rounded up
+  // to the kernel's tiles). CUDA's other products use it for the INT4 weight
   // dequantized into the activation dtype ([rows, cols]) or, on f32 activations with 16-bit weights,
   // for x rounded to the weight's dtype ([tokens, cols]) because cuBLASLt takes A and B of one type.
   // The Model plans the largest over its linear weights (MemoryPlan::ws.linear_scratch) and hands it

@@ -276,14 +276,15 @@ class CudaBackend final : public Backend {
   bool int4_weights() const override { return true; }
   // The INT4 kernels read scales, biases and activations of one dtype.
   bool int4_scales(DType scale_dtype) const override { return scale_dtype == dtype_; }
-  // INT4: the decode kernel reads the packed weight; everything else (more tokens, act-order, or the
+  // INT4: the decode kernel reads the packed weight (past 16 tokens with x reordered into the scratch,
+  // int4_decode_scratch_bytes); everything else (more tokens, act-order, or the
   // batch-invariant mode, where every row count must take the one cuBLASLt algorithm) needs the weight
   // dequantized: [rows, cols] in the activation dtype. 16-bit weights under f32 activations: the GEMV
   // reads f32 x for one token; cuBLASLt (more tokens, batch-invariant mode, or rows the GEMV cannot
   // take) needs x rounded to the weight's dtype: [tokens, cols].
   size_t linear_scratch_bytes(DType weight_dtype, int64_t rows, int64_t cols, int64_t tokens, bool perm) const override {
     if (weight_dtype == DType::U8) {
-      if (!invariant_ && !perm && tokens <= kInt4DecodeRows) return 0;
+      if (!invariant_ && !perm && tokens <= int4_decode_rows(dtype_)) return int4_decode_scratch_bytes(dtype_, tokens, cols);
       return size_t(rows) * size_t(cols) * dtype_size(dtype_);
     }
     if (!mixed(weight_dtype)) return 0;
@@ -567,7 +568,7 @@ class CudaBackend final : public Backend {
                   std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]");
     if (x.rows == 0) return;
     auto _ = prof_.scope([&] { return "linear int4 x " + shape(x) + " w " + shape(w); }, stream_->get());
-    if (!invariant_ && launch_int4_gemv(x, w, bias, y, stream_->get())) return;
+    if (!invariant_ && launch_int4_gemv(x, w, bias, y, linear_scratch_, linear_scratch_bytes_, stream_->get())) return;
     const Mat deq = scratch(dtype_, w.rows, w.cols,  // [N, K] activation dtype
                             "the INT4 weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] over " +
                                 std::to_string(x.rows) + " rows needs",

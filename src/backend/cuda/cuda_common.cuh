@@ -224,15 +224,21 @@ bool launch_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cud
 // out = silu(x Wg^T) * (x Wu^T), w_gate_up = [Wg; Wu], for one token (dtypes as launch_gemv); false
 // when it does not suit.
 bool launch_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, cudaStream_t s);
-// INT4 weights (int4_linear.cu). Products of up to kInt4DecodeRows tokens read the packed weight in
-// place; wider ones (and act-order weights) dequantize it into a scratch for cuBLASLt.
-inline constexpr int64_t kInt4DecodeRows = 16;
+// INT4 weights (int4_linear.cu). Products of up to int4_decode_rows tokens read the packed weight in
+// place (64 of f16/bf16 activations, 16 of f32); wider ones (and act-order weights) dequantize it
+// into a scratch for cuBLASLt.
+inline constexpr int64_t int4_decode_rows(DType activations) { return activations == DType::F32 ? 16 : 64; }
+// The scratch the decode kernels need for `tokens` rows of `cols` inputs (x in fragment order past 16
+// tokens; 0 up to 16).
+size_t int4_decode_scratch_bytes(DType activations, int64_t tokens, int64_t cols);
 // Throws Error naming `op` when w is not an INT4 weight the kernels take (scales in scale_dtype, a
 // power-of-two group in [32, 256] dividing the columns, K/2-byte rows on 16-byte boundaries).
 void check_int4_weight(const Mat& w, DType scale_dtype, const char* op);
-// y = x w^T (+bias, in the scales' dtype) for 1..kInt4DecodeRows tokens; false, launching nothing,
-// when the call does not suit it (more tokens, an act-order perm, unaligned x).
-bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s);
+// y = x w^T (+bias, in the scales' dtype) for 1..int4_decode_rows tokens, with `scratch` of at least
+// int4_decode_scratch_bytes; false, launching nothing, when the call does not suit it (more tokens,
+// an act-order perm, unaligned x, a smaller scratch).
+bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, void* scratch, size_t scratch_bytes,
+                      cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
 // Adds bias [N] (in bias_dtype) to every row of y.

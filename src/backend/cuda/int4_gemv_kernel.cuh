@@ -1,4 +1,4 @@
-// The INT4 weight-only decode product for 1..16 tokens of f16/bf16 activations (y = x w^T + bias, w
+// The INT4 weight-only decode product for 1..64 tokens of f16/bf16 activations (y = x w^T + bias, w
 // packed as quant/int4.h lays it out), a template over its split of the rows in the manner of
 // gemv_kernel.cuh: S warps per 16-row tile splitting K, U 16-byte loads per lane and row in flight,
 // R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
@@ -72,7 +72,35 @@ struct Args {
   int T, N, K;           // T: 1..kMaxTokens x the instance's token blocks (NT; the f32 kernel: 16); K a
                          // multiple of 32 (groups are powers of two >= 32)
   int group_shift;       // log2(group size)
+  // [ceil(K/128), 4, NT, 32] x 16 bytes: x in fragment order (xfrag_kernel below), for the instances
+  // that read it (kFragX); null otherwise.
+  const void* xf = nullptr;
 };
+
+// x in fragment order, for the instances of 3+ token blocks (kFragX): read straight from [T, K], a
+// lane's 16-byte load of token block b takes 8 rows' bytes (two 128-byte lines each, a quarter of
+// which it uses), and at 4 and 8 blocks those loads, not the math, set the time. Reordered once per
+// product, 16 bytes for lane (g, t) of quad q (columns 128q .. 128q + 127), word j and block b at
+// index ((q * 4 + j) * NT + b) * 32 + 4g + t: x[8b + g] at columns 128q + 32t + 8j .. + 7 (zeros past
+// T or K), so a warp's load is 512 contiguous bytes.
+inline constexpr int64_t xfrag_bytes(int64_t K, int NT) { return (K + 127) / 128 * 4 * NT * 32 * 16; }
+
+template <int NT>
+__global__ void xfrag_kernel(Args a, uint4* xf) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t n = xfrag_bytes(a.K, NT) / 16;
+  pdl_wait();
+  pdl_trigger();
+  if (i >= n) return;
+  const int lane = int(i & 31), b = int((i >> 5) % NT), j = int((i / (32 * NT)) & 3);
+  const int64_t q = i / (128 * NT);
+  const int tok = 8 * b + (lane >> 2);
+  const int64_t col = q * 128 + 32 * (lane & 3) + 8 * j;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (tok < a.T && col < a.K)
+    v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(tok) * a.x_ld + col);
+  xf[i] = v;
+}
 
 // The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
 // (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
@@ -128,14 +156,16 @@ struct Slot {
 // nibble pairs a shift and a mask give, and x is paired the same way with byte permutes, so every
 // product pairs a weight with its own input column and the weights need no re-layout.
 //
-// NT > 1 (up to 8 NT tokens; the library takes NT = 2 for 9..16): the same tile and loads, NT MMA
-// column blocks of 8 tokens. Each word's two A fragments are dequantized once and feed NT MMAs each
-// (token block b's B fragment from token 8b + g's x, read per word: 16 bytes), so the dequantization
-// is shared by all the tokens and consecutive MMAs write different accumulators. Past 16 tokens the x
-// reads (NT 16-byte loads per word, each from 8 rows) cost more than the shared dequantization saves:
-// on the H200 4 and 8 blocks ran slower than dequantize + cuBLASLt (docs/quantization.md).
-template <typename T, int S, int U, int R, bool kPipe, int NT = 1>
+// NT > 1 (up to 8 NT tokens; the library takes NT = 2 for 9..16, 4 and 8 with kFragX for 17..64): the
+// same tile and loads, NT MMA column blocks of 8 tokens. Each word's two A fragments are dequantized
+// once and feed NT MMAs each (token block b's B fragment from token 8b + g's x, read per word: 16
+// bytes), so the dequantization is shared by all the tokens and consecutive MMAs write different
+// accumulators. kFragX: x read from a.xf, in fragment order (xfrag_kernel above): read from [T, K]
+// at 4 and 8 blocks, the x loads set the time and ran slower than dequantize + cuBLASLt on the H200
+// (docs/quantization.md).
+template <typename T, int S, int U, int R, bool kPipe, int NT = 1, bool kFragX = false>
 __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
+  static_assert(NT > 1 || !kFragX, "the fragment order is for the batch instances");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int r = warp / S, part = warp % S;
@@ -208,11 +238,16 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
       const int p = min(q0 + 4 * u + t, pieces - 1);
       const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
       const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
+      const uint4* xq =  // this slot's quad of x in fragment order
+          kFragX ? static_cast<const uint4*>(a.xf) + int64_t((step * S + part) * U + u) * (4 * NT * 32) + lane : nullptr;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint4 xw[NT];  // token block b's x at columns 8j .. 8j + 7 of piece p
 #pragma unroll
-        for (int b = 0; b < NT; ++b) xw[b] = *reinterpret_cast<const uint4*>(x_row(b) + int64_t(p) * 32 + 8 * j);
+        for (int b = 0; b < NT; ++b) {
+          if constexpr (kFragX) xw[b] = xq[(j * NT + b) * 32];
+          else xw[b] = *reinterpret_cast<const uint4*>(x_row(b) + int64_t(p) * 32 + 8 * j);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, sl[u].zma, sl[u].sa),

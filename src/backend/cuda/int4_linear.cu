@@ -5,10 +5,11 @@
 // lane per load.
 //
 // Three kernels:
-//  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..16 tokens, decode): the weights as the MMA's
+//  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..64 tokens, decode): the weights as the MMA's
 //    A operand, 16 output rows a warp tile, S warps of a tile splitting K, each lane dequantizing in
 //    registers exactly round((nibble - zero) * scale), fp32 accumulation; tokens are the B columns,
-//    one block of 8 (its instance per shape: int4_design below) or two (launch_two_blocks). It
+//    one block of 8 (its instance per shape: int4_design below), two (launch_two_blocks), or four /
+//    eight with x first reordered into the scratch (launch_frag). It
 //    replaced int4_mma_kernel (tokens as the A rows, weights as B), slower at every token count
 //    (docs/quantization.md, 2026-12-03).
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
@@ -209,25 +210,31 @@ Int4Design int4_design(int N, int K) {
   return Int4Design::S8U4R1;
 }
 
-template <typename T, int S, int U, int R, bool P, int NT = 1>
+template <typename T, int S, int U, int R, bool P, int NT = 1, bool X = false>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   const unsigned tiles = unsigned((a.N + 15) / 16), blocks = (tiles + R - 1) / R;
-  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT, X>, dim3(blocks), dim3(R * S * 32), 0, s, a);
 }
 
-// 9..16 tokens: two blocks of 8 token columns (int4gemv::kernel's NT = 2), the split bench/int4_lab.cu
-// measured fastest on the H200 (2026-12-03, bf16, group 128, 16 tokens; µs per call against the next
-// best): four loads in flight per warp (two per lane and row) for the O / down shapes (8.90 against
-// 9.11; 23.55 against 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against
-// 52.28).
-template <typename T>
-void launch_two_blocks(const int4gemv::Args& a, cudaStream_t s) {
-  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, 2>(a, s);
-  return launch_design<T, 8, 1, 1, false, 2>(a, s);
+// 17..64 tokens: NT = 4 or 8 token blocks, x first reordered into the scratch (int4gemv::xfrag_kernel).
+// The split is the one test_cuda_int4_ops and the end-to-end figures ran on (H200, 2026-12-03). The
+// lab measured faster ones in the same call (µs at 64 tokens, both launches: S8 U1 for N <= 4096, O
+// 15.54 against 21.13 and down 43.19 against 60.21; S4 U2 for wider rows, QKV 19.85 against 27.96 and
+// gate/up 85.15 against 92.35), not yet run through the conformance tests: docs/quantization.md, Plan.
+template <typename T, int NT>
+void launch_frag(int4gemv::Args a, void* xf, cudaStream_t s) {
+  const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
+  launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
+         static_cast<uint4*>(xf));
+  a.xf = xf;
+  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, NT, true>(a, s);
+  return launch_design<T, 8, 1, 1, false, NT, true>(a, s);
 }
 
 template <typename T>
-void launch_new(const int4gemv::Args& a, cudaStream_t s) {
+void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
+  if (a.T > 32) return launch_frag<T, 8>(a, xf, s);
+  if (a.T > 16) return launch_frag<T, 4>(a, xf, s);
   if (a.T > int4gemv::kMaxTokens) return launch_two_blocks<T>(a, s);
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
@@ -240,9 +247,11 @@ void launch_new(const int4gemv::Args& a, cudaStream_t s) {
   }
 }
 
-// Whether the decode kernels take the call: 1..16 tokens, no act-order perm, 16-byte aligned x rows.
+// Whether the decode kernels take the call: 1..int4_decode_rows tokens, no act-order perm, 16-byte
+// aligned x rows.
 bool decode_suits(const Mat& x, const Mat& w) {
-  return x.rows >= 1 && x.rows <= kInt4DecodeRows && !w.int4.perm && aligned16(x.data, x.ld, dtype_size(x.dtype));
+  return x.rows >= 1 && x.rows <= int4_decode_rows(x.dtype) && !w.int4.perm &&
+         aligned16(x.data, x.ld, dtype_size(x.dtype));
 }
 
 Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
@@ -253,15 +262,22 @@ Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
 
 }  // namespace
 
-bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, cudaStream_t s) {
+size_t int4_decode_scratch_bytes(DType activations, int64_t tokens, int64_t cols) {
+  if (activations == DType::F32 || tokens <= 16) return 0;
+  return size_t(int4gemv::xfrag_bytes(cols, tokens > 32 ? 8 : 4));
+}
+
+bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, void* scratch, size_t scratch_bytes,
+                      cudaStream_t s) {
   if (!decode_suits(x, w)) return false;
+  if (int4_decode_scratch_bytes(x.dtype, x.rows, x.cols) > scratch_bytes) return false;
   const Int4Args a = int4_args(x, w, bias, y);
   switch (x.dtype) {
     case DType::F16:
     case DType::BF16:
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, s);
+        if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, scratch, s);
       });
       return true;
     case DType::F32: {
