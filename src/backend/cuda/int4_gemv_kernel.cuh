@@ -147,6 +147,17 @@ struct Slot {
   uint32_t zma, sa, zmb, sb;
 };
 
+// The MMA's A fragment from word j of a slot's two rows (wa, wb): pairs c = 2h (k slots 2t, 2t+1) and
+// c = 2h + 1 (slots 2t+8, 2t+9), i.e. columns (8j+2h, 8j+2h+4) and (8j+2h+1, 8j+2h+5); A rows g
+// (a0, a2) and g + 8 (a1, a3).
+template <typename T>
+__device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t wb, int h, uint32_t (&A)[4]) {
+  A[0] = dequant_pair<T>(wa, 8 * h, sl.zma, sl.sa);
+  A[1] = dequant_pair<T>(wb, 8 * h, sl.zmb, sl.sb);
+  A[2] = dequant_pair<T>(wa, 8 * h + 4, sl.zma, sl.sa);
+  A[3] = dequant_pair<T>(wb, 8 * h + 4, sl.zmb, sl.sb);
+}
+
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
@@ -250,10 +261,8 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, sl[u].zma, sl[u].sa),
-                                 dequant_pair<T>(wb4[j], 8 * h, sl[u].zmb, sl[u].sb),
-                                 dequant_pair<T>(wa4[j], 8 * h + 4, sl[u].zma, sl[u].sa),
-                                 dequant_pair<T>(wb4[j], 8 * h + 4, sl[u].zmb, sl[u].sb)};
+          uint32_t A[4];
+          a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
 #pragma unroll
           for (int b = 0; b < NT; ++b) {
             const uint32_t lo = h ? xw[b].y : xw[b].x, hi = h ? xw[b].w : xw[b].z;
@@ -278,12 +287,8 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
         const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          // Pairs c = 2h (slots 2t, 2t+1) and c = 2h + 1 (slots 2t+8, 2t+9): columns (8j+2h, 8j+2h+4)
-          // and (8j+2h+1, 8j+2h+5); A rows g (a0, a2) and g + 8 (a1, a3).
-          const uint32_t A[4] = {dequant_pair<T>(wa4[j], 8 * h, sl[u].zma, sl[u].sa),
-                                 dequant_pair<T>(wb4[j], 8 * h, sl[u].zmb, sl[u].sb),
-                                 dequant_pair<T>(wa4[j], 8 * h + 4, sl[u].zma, sl[u].sa),
-                                 dequant_pair<T>(wb4[j], 8 * h + 4, sl[u].zmb, sl[u].sb)};
+          uint32_t A[4];
+          a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
           const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;  // x columns (8j+2h, +1) and (8j+2h+4, +5)
           mma::Mma<T>::run(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
         }

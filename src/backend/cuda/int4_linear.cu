@@ -231,6 +231,17 @@ void launch_frag(int4gemv::Args a, void* xf, cudaStream_t s) {
   return launch_design<T, 8, 1, 1, false, NT, true>(a, s);
 }
 
+// 9..16 tokens: two blocks of 8 token columns (int4gemv::kernel's NT = 2), the split bench/int4_lab.cu
+// measured fastest on the H200 (2026-12-03, bf16, group 128, 16 tokens; µs per call against the next
+// best): four loads in flight per warp (two per lane and row) for the O / down shapes (8.90 against
+// 9.11; 23.55 against 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against
+// 52.28).
+template <typename T>
+void launch_two_blocks(const int4gemv::Args& a, cudaStream_t s) {
+  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, 2>(a, s);
+  return launch_design<T, 8, 1, 1, false, 2>(a, s);
+}
+
 template <typename T>
 void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
   if (a.T > 32) return launch_frag<T, 8>(a, xf, s);
