@@ -255,6 +255,7 @@ class CudaBackend final : public Backend {
     if (lt_) cublasLtDestroy(lt_);
     free(lt_ws_);
     free(linear_scratch_);
+    for (void* p : retired_scratch_) free(p);
     for (const Scratch* sc : {&attn_, &argmax_}) {
       free(sc->floats);
       free(sc->counters);
@@ -292,12 +293,14 @@ class CudaBackend final : public Backend {
     if (!invariant_ && tokens <= 1 && cols % vec == 0) return 0;
     return size_t(tokens) * size_t(cols) * dtype_size(weight_dtype);
   }
+  // Grown, never moved under a Model that has one: the smaller buffer is kept until the backend goes,
+  // because graphs an earlier Model captured hold its address (INT4 products past 16 rows and the
+  // mixed-dtype ones write it).
   void reserve_linear_scratch(size_t bytes) override {
     if (bytes <= linear_scratch_bytes_) return;
-    free(linear_scratch_);
-    linear_scratch_ = nullptr;
-    linear_scratch_bytes_ = 0;
-    linear_scratch_ = alloc(bytes);
+    void* grown = alloc(bytes);
+    if (linear_scratch_) retired_scratch_.push_back(linear_scratch_);
+    linear_scratch_ = grown;
     linear_scratch_bytes_ = bytes;
   }
 
@@ -796,6 +799,7 @@ class CudaBackend final : public Backend {
   // widest x rounded for 16-bit weights under f32 activations, [tokens, cols] weight dtype
   void* linear_scratch_ = nullptr;
   size_t linear_scratch_bytes_ = 0;
+  std::vector<void*> retired_scratch_;  // smaller scratches earlier graphs may still write (freed last)
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;
   cublasLtHandle_t lt_ = nullptr;
