@@ -110,8 +110,10 @@ WeightTable weights(const ModelSpec& s) {
                    {la + "in_proj_a.weight", {H, s.hidden}}});
       t.add_layer(i, &LayerWeights::lin_conv, "lin_conv", {{la + "conv1d.weight", {C, 1, l.conv_kernel}}},
                   WeightInit::Normal, {std::nullopt, 0.0f, Shape{C, l.conv_kernel}});
-      t.add_layer(i, &LayerWeights::lin_a_log, "lin_a_log", {{la + "A_log", {H}}}, WeightInit::Normal, {DType::F32});
-      t.add_layer(i, &LayerWeights::lin_dt_bias, "lin_dt_bias", {{la + "dt_bias", {H}}}, WeightInit::Normal, {DType::F32});
+      t.add_layer(i, &LayerWeights::lin_a_log, "lin_a_log", {{la + "A_log", {H}}}, WeightInit::Normal,
+                  {DType::F32, 0.0f, std::nullopt});
+      t.add_layer(i, &LayerWeights::lin_dt_bias, "lin_dt_bias", {{la + "dt_bias", {H}}}, WeightInit::Normal,
+                  {DType::F32, 0.0f, std::nullopt});
       t.add_layer(i, &LayerWeights::lin_norm, "lin_norm", {{la + "norm.weight", {l.v_dim}}}, ones);
       t.add_layer(i, &LayerWeights::lin_out, "lin_out", {{la + "out_proj.weight", {s.hidden, V}}});
     }
