@@ -137,6 +137,32 @@ TEST_P(CudaOps, Int4DecodeMatchesTheDenseProductOfItsDequantizedWeight) {
   }
 }
 
+// A graph captured over a 17..64-row product holds the address of the scratch x is reordered into; a
+// later, larger reservation (another Model on the backend) must not free it: the graph would then
+// write memory handed out since (here, possibly a new buffer of the same size), and the product and
+// that buffer would both be at risk.
+TEST_P(CudaOps, Int4GraphKeepsItsScratchWhenTheScratchGrows) {
+  if (dt_ == DType::F32) GTEST_SKIP() << "f32 activations take no scratch at 20 rows";
+  const int64_t T = 20, N = 48, K = 256;
+  const Int4Weight w = random_int4(rng_, N, K, 64, true, false, dt_);
+  Side& g = *gpu_;
+  const size_t small = gpu_be_->linear_scratch_bytes(DType::U8, N, K, T, false);
+  ASSERT_GT(small, 0u);
+  gpu_be_->reserve_linear_scratch(small);
+  void *gx = g.put(rnd(size_t(T * K))), *gy = g.put(std::vector<float>(size_t(T * N)));
+  const Mat wm = w.put(g, dt_);
+  gpu_be_->linear(g.m(gx, T, K), wm, nullptr, g.m(gy, T, N));
+  const std::vector<float> direct = g.get(gy, size_t(T * N));
+  auto graph = gpu_be_->capture([&] { gpu_be_->linear(g.m(gx, T, K), wm, nullptr, g.m(gy, T, N)); });
+  ASSERT_NE(graph, nullptr);
+  gpu_be_->reserve_linear_scratch(small * 64);
+  const std::vector<float> marks(small / dtype_size(dt_), 3.0f);
+  void* victim = g.put(marks);  // the size of the first scratch
+  graph->replay();
+  EXPECT_EQ(g.get(gy, size_t(T * N)), direct);
+  EXPECT_EQ(g.get(victim, marks.size()), marks) << "the replay wrote a buffer allocated after the scratch grew";
+}
+
 TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
   const int64_t rows = dt_ == DType::F32 ? 16 : 64;  // the decode kernels' rows (int4_decode_rows)
   const int64_t T = rows + 1, N = 16, K = 64;
