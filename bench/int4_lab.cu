@@ -5,9 +5,9 @@
 // and zeros per shape), programmatic dependent launch on.
 // Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
 // one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16 and 64 for Llama-3.1-8B's four and
-// 32 for two: the instances of two, four and eight token blocks). Every design is checked against a double-precision host product of the
-// same dequantized values; a mismatch beyond what f32 accumulation and the output's bf16 rounding
-// explain (or any NaN) fails the run.
+// 32 for two: the instances of two, four and eight token blocks). Every design is checked against a
+// double-precision host product of the same dequantized values; a mismatch beyond what f32
+// accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
 // (for a GPU machine without our Debian packages: BINS=int4_lab scripts/gpu-build here, then
 // LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there). INGOT_LAB_SHAPE=l8b.gateup and
@@ -103,7 +103,7 @@ Design library() {
     w.int4.zeros = const_cast<uint8_t*>(a.zeros);
     Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
     if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, const_cast<void*>(a.xf),
-                                       size_t(ingot::cuda::int4gemv::xfrag_bytes(a.K, 8)), s)) {
+                                       ingot::cuda::int4_decode_scratch_bytes(DType::BF16, a.T, a.K), s)) {
       std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
       std::exit(1);
     }

@@ -57,6 +57,10 @@ __device__ __forceinline__ void load_pairs32(const T* p, uint32_t (&xv)[16]) {
 
 constexpr int kMaxTokens = 8;         // the MMA's B columns: one token block
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
+constexpr int kFragBlocks = 4;        // from this many token blocks on, x is read in fragment order
+
+// The token blocks (NT) of the instance that takes T = 1..64 tokens: 1, 2, 4 or 8.
+inline constexpr int token_blocks(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
 struct Args {
   const void* x;         // [T, K] activations, x_ld elements between rows (16-byte aligned rows)
@@ -77,7 +81,7 @@ struct Args {
   const void* xf = nullptr;
 };
 
-// x in fragment order, for the instances of 3+ token blocks (kFragX): read straight from [T, K], a
+// x in fragment order, for the instances of kFragBlocks+ token blocks (kFragX): read straight from [T, K], a
 // lane's 16-byte load of token block b takes 8 rows' bytes (two 128-byte lines each, a quarter of
 // which it uses), and at 4 and 8 blocks those loads, not the math, set the time. Reordered once per
 // product, 16 bytes for lane (g, t) of quad q (columns 128q .. 128q + 127), word j and block b at

@@ -8,8 +8,8 @@
 //  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..64 tokens, decode): the weights as the MMA's
 //    A operand, 16 output rows a warp tile, S warps of a tile splitting K, each lane dequantizing in
 //    registers exactly round((nibble - zero) * scale), fp32 accumulation; tokens are the B columns,
-//    one block of 8 (its instance per shape: int4_design below), two (launch_two_blocks), or four /
-//    eight with x first reordered into the scratch (launch_frag). It
+//    one block of 8 (its instance per shape: int4_design below), or two, four or eight
+//    (launch_blocks; from four on with x first reordered into the scratch). It
 //    replaced int4_mma_kernel (tokens as the A rows, weights as B), slower at every token count
 //    (docs/quantization.md, 2026-12-03).
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
@@ -216,37 +216,36 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT, X>, dim3(blocks), dim3(R * S * 32), 0, s, a);
 }
 
-// 17..64 tokens: NT = 4 or 8 token blocks, x first reordered into the scratch (int4gemv::xfrag_kernel).
-// The split is the one test_cuda_int4_ops and the end-to-end figures ran on (H200, 2026-12-03). The
-// lab measured faster ones in the same call (µs at 64 tokens, both launches: S8 U1 for N <= 4096, O
-// 15.54 against 21.13 and down 43.19 against 60.21; S4 U2 for wider rows, QKV 19.85 against 27.96 and
-// gate/up 85.15 against 92.35), not yet run through the conformance tests: docs/quantization.md, Plan.
+// 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
+// reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured on the
+// H200 (2026-12-03, bf16, group 128; µs per call against the next best): at 16 tokens four loads in
+// flight per warp (two per lane and row) for the O / down shapes (8.90 against 9.11; 23.55 against
+// 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against 52.28). At 17..64
+// it is the split test_cuda_int4_ops and the end-to-end figures ran on; the lab measured faster ones
+// in the same call (µs at 64 tokens, both launches: S8 U1 for N <= 4096, O 15.54 against 21.13 and
+// down 43.19 against 60.21; S4 U2 for wider rows, QKV 19.85 against 27.96 and gate/up 85.15 against
+// 92.35), not yet run through the conformance tests: docs/quantization.md, Plan.
 template <typename T, int NT>
-void launch_frag(int4gemv::Args a, void* xf, cudaStream_t s) {
-  const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
-  launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
-         static_cast<uint4*>(xf));
-  a.xf = xf;
-  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, NT, true>(a, s);
-  return launch_design<T, 8, 1, 1, false, NT, true>(a, s);
-}
-
-// 9..16 tokens: two blocks of 8 token columns (int4gemv::kernel's NT = 2), the split bench/int4_lab.cu
-// measured fastest on the H200 (2026-12-03, bf16, group 128, 16 tokens; µs per call against the next
-// best): four loads in flight per warp (two per lane and row) for the O / down shapes (8.90 against
-// 9.11; 23.55 against 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against
-// 52.28).
-template <typename T>
-void launch_two_blocks(const int4gemv::Args& a, cudaStream_t s) {
-  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, 2>(a, s);
-  return launch_design<T, 8, 1, 1, false, 2>(a, s);
+void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
+  constexpr bool X = NT >= int4gemv::kFragBlocks;
+  if constexpr (X) {
+    const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
+    launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
+           static_cast<uint4*>(xf));
+    a.xf = xf;
+  }
+  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, NT, X>(a, s);
+  return launch_design<T, 8, 1, 1, false, NT, X>(a, s);
 }
 
 template <typename T>
 void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
-  if (a.T > 32) return launch_frag<T, 8>(a, xf, s);
-  if (a.T > 16) return launch_frag<T, 4>(a, xf, s);
-  if (a.T > int4gemv::kMaxTokens) return launch_two_blocks<T>(a, s);
+  switch (int4gemv::token_blocks(a.T)) {
+    case 2: return launch_blocks<T, 2>(a, xf, s);
+    case 4: return launch_blocks<T, 4>(a, xf, s);
+    case 8: return launch_blocks<T, 8>(a, xf, s);
+    default: break;  // one block: the split by shape below
+  }
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
     case Int4Design::S8U2R1: return launch_design<T, 8, 2, 1, false>(a, s);
@@ -274,8 +273,9 @@ Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
 }  // namespace
 
 size_t int4_decode_scratch_bytes(DType activations, int64_t tokens, int64_t cols) {
-  if (activations == DType::F32 || tokens <= 16) return 0;
-  return size_t(int4gemv::xfrag_bytes(cols, tokens > 32 ? 8 : 4));
+  if (activations == DType::F32) return 0;
+  const int blocks = int4gemv::token_blocks(tokens);
+  return blocks < int4gemv::kFragBlocks ? 0 : size_t(int4gemv::xfrag_bytes(cols, blocks));
 }
 
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, void* scratch, size_t scratch_bytes,
