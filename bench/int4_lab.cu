@@ -4,8 +4,8 @@
 // copies of the weight that every call streams it from HBM (about 320 MB of packed weights, scales
 // and zeros per shape), programmatic dependent launch on.
 // Shapes: the decode products of Llama-3.1-8B, Qwen3-8B and Qwen3-0.6B, bf16, group 128 (and 32 for
-// one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16 and 64 for Llama-3.1-8B's four and
-// 32 for two: the instances of two, four and eight token blocks). Every design is checked against a
+// one shape), 1 token (and 2 for one shape, 4 and 8 for two, 16, 32 and 64 for Llama-3.1-8B's four:
+// the instances of two, four and eight token blocks). Every design is checked against a
 // double-precision host product of the same dequantized values; a mismatch beyond what f32
 // accumulation and the output's bf16 rounding explain (or any NaN) fails the run.
 //   cmake --build build-gpu/tree --target int4_lab && build-gpu/tree/int4_lab [replays]
@@ -20,7 +20,7 @@
 // the kernel with S warps per 16-row tile, U 16-byte loads per lane and row in flight, R tiles per
 // block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16 tokens, the single-block ones
 // at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first (17..32 / 33..64; both
-// launches timed).
+// launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x loads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -44,33 +44,36 @@ using ingot::cuda::int4gemv::Args;
 using ingot::lab::ck;
 using Design = ingot::lab::Design<Args>;
 
-template <int S, int U, int R, bool P, int NT = 1>
+// " W2" etc.: W 16-row tiles a warp (the batch instances).
+std::string tiles_name(int W) { return W > 1 ? " W" + std::to_string(W) : ""; }
+
+template <int S, int U, int R, bool P, int NT = 1, int W = 1>
 Design design() {
   Design d;
-  d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "");
+  d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "") + tiles_name(W);
   d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
-    const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P, NT>, dim3(blocks),
+    const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P, NT, false, W>, dim3(blocks),
                         dim3(R * S * 32), 0, s, a);
   };
   return d;
 }
 
 // NT = 4, 8 with x reordered first (the lab's buffer at a.xf), both launches timed.
-template <int S, int U, int R, int NT>
+template <int S, int U, int R, int NT, int W = 1>
 Design design_frag() {
   Design d;
-  d.name = ingot::lab::design_name(S, U, R, false) + " N" + std::to_string(NT) + " X";
+  d.name = ingot::lab::design_name(S, U, R, false) + " N" + std::to_string(NT) + " X" + tiles_name(W);
   d.min_tokens = 4 * NT + 1;
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
     const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
     ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
                         dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
-    const unsigned blocks = unsigned(((a.N + 15) / 16 + R - 1) / R);
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, false, NT, true>, dim3(blocks),
+    const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, false, NT, true, W>, dim3(blocks),
                         dim3(R * S * 32), 0, s, a);
   };
   return d;
@@ -85,6 +88,11 @@ void add_wide(std::vector<Design>& v) {
   v.push_back(design<8, 2, 1, false, NT>());
   v.push_back(design<16, 1, 1, false, NT>());
   v.push_back(design<8, 1, 2, false, NT>());
+  v.push_back(design<4, 1, 1, false, NT, 2>());
+  v.push_back(design<8, 1, 1, false, NT, 2>());
+  v.push_back(design<8, 2, 1, false, NT, 2>());
+  v.push_back(design<4, 1, 1, false, NT, 4>());
+  v.push_back(design<8, 1, 1, false, NT, 4>());
 }
 
 // The library's kernels through their public launcher: Args as the Mats it takes.
@@ -120,7 +128,11 @@ std::vector<Design> designs() {
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
   add_wide<2>(v);
   for (Design d : {design_frag<8, 1, 1, 4>(), design_frag<8, 2, 1, 4>(), design_frag<4, 2, 1, 4>(),
-                   design_frag<8, 1, 1, 8>(), design_frag<8, 2, 1, 8>(), design_frag<4, 2, 1, 8>()})
+                   design_frag<8, 1, 1, 8>(), design_frag<8, 2, 1, 8>(), design_frag<4, 2, 1, 8>(),
+                   design_frag<4, 1, 1, 4, 2>(), design_frag<8, 1, 1, 4, 2>(), design_frag<4, 2, 1, 4, 2>(),
+                   design_frag<4, 1, 1, 4, 4>(), design_frag<8, 1, 1, 4, 4>(),
+                   design_frag<4, 1, 1, 8, 2>(), design_frag<8, 1, 1, 8, 2>(), design_frag<4, 2, 1, 8, 2>(),
+                   design_frag<2, 1, 1, 8, 4>(), design_frag<4, 1, 1, 8, 4>(), design_frag<8, 1, 1, 8, 4>()})
     v.push_back(d);
   return v;
 }
@@ -154,7 +166,8 @@ int main(int argc, char** argv) {
       // batch decode: 16 tokens (two token blocks), 32 and 64 (four and eight, x reordered first)
       {"l8b.qkv", 6144, 4096, 128, 16}, {"l8b.o", 4096, 4096, 128, 16},
       {"l8b.gateup", 28672, 4096, 128, 16}, {"l8b.down", 4096, 14336, 128, 16},
-      {"l8b.qkv", 6144, 4096, 128, 32}, {"l8b.gateup", 28672, 4096, 128, 32},
+      {"l8b.qkv", 6144, 4096, 128, 32}, {"l8b.o", 4096, 4096, 128, 32},
+      {"l8b.gateup", 28672, 4096, 128, 32}, {"l8b.down", 4096, 14336, 128, 32},
       {"l8b.qkv", 6144, 4096, 128, 64}, {"l8b.o", 4096, 4096, 128, 64},
       {"l8b.gateup", 28672, 4096, 128, 64}, {"l8b.down", 4096, 14336, 128, 64},
   };

@@ -54,11 +54,14 @@ TEST_P(CudaOps, Int4Linear) {
   EXPECT_EQ(cases, 112);
 }
 
-// Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336) and the
-// batch instances (two, four and eight blocks of 8 token columns).
+// Long rows (several steps of the decode kernel's loop over K, Llama-like K = 4096 and 14336), the
+// batch instances (two, four and eight blocks of 8 token columns) and, past N = 8192, the splits of
+// the widest products (two 16-row tiles a warp at 9..16 and 33..64 tokens; N = 8200 ends on a
+// half tile, 8216 on a tile of the warp's pair past N).
 TEST_P(CudaOps, Int4LinearLongRows) {
   for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
-                         {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}}) {
+                         {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}, {12, 8200, 1024}, {30, 8200, 1024},
+                         {40, 8216, 1024}, {64, 8200, 1024}}) {
     const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
@@ -100,6 +103,40 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
         ++cases;
       }
   EXPECT_EQ(cases, 132);
+}
+
+// The gate/up product with the SwiGLU epilogue (launch_int4_gemv_swiglu) against the product followed
+// by the swiglu op on the same backend, bit for bit, at every token count the decode kernel takes
+// (one, two, four and eight token blocks), an odd intermediate size (the last 8-output tile cut
+// short), a wide one (the splits past N = 8192), zero points or none; and against the CPU within the
+// dtype's tolerance. f32 activations and more rows than the kernel takes go the unfused way.
+TEST_P(CudaOps, Int4SwigluIsTheProductThenSwiglu) {
+  int cases = 0;
+  for (auto [I, K] : {std::pair<int64_t, int64_t>{37, 1024}, {4100, 1024}, {24, 4096}})
+    for (int64_t T : {1, 5, 9, 16, 17, 32, 40, 64, 65}) {
+      const bool zeros = (T + I) % 2 == 0;
+      const Int4Weight w = random_int4(rng_, 2 * I, K, 128, zeros, false, dt_);
+      auto x = rnd(size_t(T * K));
+      Side& g = *gpu_;
+      Side& c = *cpu_;
+      gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, 2 * I, K, T, false));
+      const Mat wm = w.put(g, dt_), gx = g.m(g.put(x), T, K);
+      void *fused = g.put(std::vector<float>(size_t(T * I), 7.0f)), *gu = g.put(std::vector<float>(size_t(T * 2 * I)));
+      void* split = g.put(std::vector<float>(size_t(T * I), 5.0f));
+      const bool took = gpu_be_->linear_swiglu(gx, wm, g.m(fused, T, I));
+      EXPECT_EQ(took, dt_ != DType::F32 && T <= 64) << "T=" << T;
+      gpu_be_->linear(gx, wm, nullptr, g.m(gu, T, 2 * I));
+      gpu_be_->swiglu(g.m(gu, T, 2 * I), g.m(split, T, I));
+      const std::string what = "int4 swiglu T=" + std::to_string(T) + " I=" + std::to_string(I) + " K=" +
+                               std::to_string(K) + (zeros ? " zeros" : "");
+      if (took) EXPECT_EQ(g.get(fused, size_t(T * I)), g.get(split, size_t(T * I))) << what;
+      void *cgu = c.put(std::vector<float>(size_t(T * 2 * I))), *cy = c.put(std::vector<float>(size_t(T * I)));
+      cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), nullptr, c.m(cgu, T, 2 * I));
+      cpu_be_->swiglu(c.m(cgu, T, 2 * I), c.m(cy, T, I));
+      expect_close(g.get(split, size_t(T * I)), c.get(cy, size_t(T * I)), tol(), what);
+      ++cases;
+    }
+  EXPECT_EQ(cases, 27);
 }
 
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:

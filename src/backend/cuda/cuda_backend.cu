@@ -500,6 +500,14 @@ class CudaBackend final : public Backend {
     launch_attention(p, attn_, stream_->get(), invariant_);
   }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
+    if (w.is_int4()) {  // the INT4 decode kernel with the SwiGLU epilogue, for the tokens it takes
+      check_int4_weight(w, dtype_, "linear_swiglu");
+      if (invariant_ || dtype_ == DType::F32 || x.dtype != dtype_ || out.dtype != dtype_ || x.cols != w.cols ||
+          x.rows > int4_decode_rows(dtype_) || w.int4.perm)
+        return false;
+      auto _ = prof_.scope([&] { return "linear_swiglu int4 x " + shape(x) + " w " + shape(w); }, stream_->get());
+      return launch_int4_gemv_swiglu(x, w, out, linear_scratch_, linear_scratch_bytes_, stream_->get());
+    }
     if (invariant_ || x.rows > 8 || (w.dtype != dtype_ && !mixed(w.dtype)) || x.cols != w.cols ||
         out.cols * 2 != w.rows || out.rows != x.rows)
       return false;

@@ -239,6 +239,11 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op);
 // an act-order perm, unaligned x, a smaller scratch).
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, void* scratch, size_t scratch_bytes,
                       cudaStream_t s);
+// out = silu(x Wg^T) * (x Wu^T) for an INT4 w_gate_up = [Wg; Wu] ([2I, K]) and 16-bit activations,
+// the same bits as launch_int4_gemv followed by launch_swiglu; false, launching nothing, where
+// launch_int4_gemv would refuse the call (and for f32 activations).
+bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, void* scratch, size_t scratch_bytes,
+                             cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
 // Adds bias [N] (in bias_dtype) to every row of y.

@@ -162,6 +162,50 @@ __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t
   A[3] = dequant_pair<T>(wb, 8 * h + 4, sl.zmb, sl.sb);
 }
 
+// What a tile's 16 A rows (the MMA's M) are and where its sums go.
+//  - PlainOut: y = x w^T (+ bias), A rows g and g + 8 are weight rows n0 + g and n0 + g + 8, the
+//    outputs of those numbers (16 a tile).
+//  - SwigluOut: y = silu(x Wg^T) * (x Wu^T) for w = [Wg; Wu] ([2I, K]; no bias): A row g is gate row
+//    m = n0 + g and A row g + 8 up row I + m, so lane (g, t) holds both halves of output m for its
+//    tokens and a tile covers 8 outputs. Each half is rounded to T before the SwiGLU, as the product
+//    followed by the swiglu kernel rounds it, so fusing changes no bit; it saves that kernel's
+//    launch and the [T, 2I] round trip.
+// Rows past the weight read its last row (always in bounds); their outputs are not written.
+struct PlainOut {
+  static constexpr int kSpan = 16;  // outputs a tile
+  static __host__ __device__ __forceinline__ int outputs(const Args& a) { return a.N; }
+  static __device__ __forceinline__ void rows(const Args& a, int n0, int g, int& ra, int& rb) {
+    ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);
+  }
+  template <typename T, int S>
+  static __device__ __forceinline__ void store(const Args& a, float (&c)[4], float (*partial)[4][32], int part,
+                                               int lane, int n0, int tok0) {
+    mma::store_tile<T, S>(a, c, partial, part, lane, n0, tok0);
+  }
+};
+struct SwigluOut {
+  static constexpr int kSpan = 8;
+  static __host__ __device__ __forceinline__ int outputs(const Args& a) { return a.N / 2; }
+  static __device__ __forceinline__ void rows(const Args& a, int n0, int g, int& ra, int& rb) {
+    const int inter = a.N / 2, m = min(n0 + g, inter - 1);
+    ra = m, rb = inter + m;
+  }
+  template <typename T, int S>
+  static __device__ __forceinline__ void store(const Args& a, float (&c)[4], float (*partial)[4][32], int part,
+                                               int lane, int n0, int tok0) {
+    if (!mma::sum_tile<S>(c, partial, part, lane)) return;
+    const int g = lane >> 2, t = lane & 3, out = n0 + g;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = tok0 + 2 * t + e;
+      if (tok < a.T && out < a.N / 2) {
+        const float gate = to_f(from_f<T>(c[e])), up = to_f(from_f<T>(c[e + 2]));
+        static_cast<T*>(a.y)[int64_t(tok) * a.y_ld + out] = from_f<T>(silu_mul(gate, up));
+      }
+    }
+  }
+};
+
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
@@ -178,32 +222,51 @@ __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t
 // accumulators. kFragX: x read from a.xf, in fragment order (xfrag_kernel above): read from [T, K]
 // at 4 and 8 blocks, the x loads set the time and ran slower than dequantize + cuBLASLt on the H200
 // (docs/quantization.md).
-template <typename T, int S, int U, int R, bool kPipe, int NT = 1, bool kFragX = false>
+// W (NT > 1 only): 16-row tiles per warp, the tile rows n0 + 16w + g and + 8 for w < W. Each lane's
+// x loads of a word (NT x 16 bytes) and the B fragments built from them feed the W tiles' MMAs: a
+// tile reads all of x once, so at 16-64 tokens x is most of what the tiles read (from L2: 64 tokens
+// of K = 4096 are 512 KB a tile against the tile's 32 KB of weights), and W tiles a warp divide it
+// by W. Out: PlainOut or SwigluOut (above; the row numbers here are PlainOut's).
+template <typename T, int S, int U, int R, bool kPipe, int NT = 1, bool kFragX = false, int W = 1,
+          class Out = PlainOut>
 __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   static_assert(NT > 1 || !kFragX, "the fragment order is for the batch instances");
+  static_assert(NT > 1 || W == 1, "several tiles a warp share x across token blocks");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int r = warp / S, part = warp % S;
-  const int n0 = (int(blockIdx.x) * R + r) * 16;
-  // Rows past N read the last row (always in bounds); their outputs are not written.
-  const int na = min(n0 + g, a.N - 1), nb = min(n0 + g + 8, a.N - 1);
-  const uint8_t* wa = a.w + int64_t(na) * a.w_ld;
-  const uint8_t* wb = a.w + int64_t(nb) * a.w_ld;
+  // The warp's first output (tile w's at n0 + w * kSpan).
+  const int n0 = (int(blockIdx.x) * R + r) * W * Out::kSpan;
+  int na[W], nb[W];
+  const uint8_t *wa[W], *wb[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    Out::rows(a, n0 + w * Out::kSpan, g, na[w], nb[w]);
+    wa[w] = a.w + int64_t(na[w]) * a.w_ld;
+    wb[w] = a.w + int64_t(nb[w]) * a.w_ld;
+  }
   // The head of both rows into L2 (one 128-byte line per lane of the tile's quads), before waiting:
   // weights depend on no earlier kernel.
   {
     const int head = min(a.K / 2, kPrefetchBytes);
-    for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128) {
-      prefetch_l2_line(wa + b);
-      prefetch_l2_line(wb + b);
-    }
+    for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        prefetch_l2_line(wa[w] + b);
+        prefetch_l2_line(wb[w] + b);
+      }
   }
   pdl_wait();
   pdl_trigger();
-  const T* sca = static_cast<const T*>(a.scales) + int64_t(na) * a.s_ld;
-  const T* scb = static_cast<const T*>(a.scales) + int64_t(nb) * a.s_ld;
-  const uint8_t* zra = a.zeros ? a.zeros + int64_t(na) * a.s_ld : nullptr;
-  const uint8_t* zrb = a.zeros ? a.zeros + int64_t(nb) * a.s_ld : nullptr;
+  const T *sca[W], *scb[W];
+  const uint8_t *zra[W], *zrb[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    sca[w] = static_cast<const T*>(a.scales) + int64_t(na[w]) * a.s_ld;
+    scb[w] = static_cast<const T*>(a.scales) + int64_t(nb[w]) * a.s_ld;
+    zra[w] = a.zeros ? a.zeros + int64_t(na[w]) * a.s_ld : nullptr;
+    zrb[w] = a.zeros ? a.zeros + int64_t(nb[w]) * a.s_ld : nullptr;
+  }
   // Token g's row of x: lanes past the call's tokens read nothing and multiply zeros.
   const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
   const int pieces = a.K / 32;
@@ -211,29 +274,37 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
 
   // Loads of one step: every weight load first, then the scales and zeros of their groups. A lane
   // past K loads nothing: zero weights and a zero scale (and its x is zero too).
-  auto load = [&](Slot (&sl)[U], int step) {
+  // Slot u * W + w: load slot u of tile w.
+  auto load = [&](Slot (&sl)[U * W], int step) {
     const int p0 = (step * S + part) * 4 * U + t;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = p0 + 4 * u;
       const bool ok = p < pieces;
-      sl[u].qa = ok ? load_stream16(wa + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
-      sl[u].qb = ok ? load_stream16(wb + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        sl[u * W + w].qa = ok ? load_stream16(wa[w] + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+        sl[u * W + w].qb = ok ? load_stream16(wb[w] + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = p0 + 4 * u;
       const bool ok = p < pieces;
       const int grp = (p * 32) >> a.group_shift;
-      const uint32_t za = ok && zra ? uint32_t(zra[grp]) : 8u, zb = ok && zrb ? uint32_t(zrb[grp]) : 8u;
-      sl[u].zma = (Pair<T>::kMagic | za) * 0x00010001u;
-      sl[u].zmb = (Pair<T>::kMagic | zb) * 0x00010001u;
-      sl[u].sa = ok ? bits_of(sca[grp]) * 0x00010001u : 0u;
-      sl[u].sb = ok ? bits_of(scb[grp]) * 0x00010001u : 0u;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        Slot& sw = sl[u * W + w];
+        const uint32_t za = ok && zra[w] ? uint32_t(zra[w][grp]) : 8u, zb = ok && zrb[w] ? uint32_t(zrb[w][grp]) : 8u;
+        sw.zma = (Pair<T>::kMagic | za) * 0x00010001u;
+        sw.zmb = (Pair<T>::kMagic | zb) * 0x00010001u;
+        sw.sa = ok ? bits_of(sca[w][grp]) * 0x00010001u : 0u;
+        sw.sb = ok ? bits_of(scb[w][grp]) * 0x00010001u : 0u;
+      }
     }
   };
-  // NT = 1: two accumulators alternating by h; NT > 1: one per token block.
-  constexpr int kAcc = NT == 1 ? 2 : NT;
+  // NT = 1: two accumulators alternating by h; NT > 1: one per tile and token block (w * NT + b).
+  constexpr int kAcc = NT == 1 ? 2 : W * NT;
   float acc[kAcc][4];
 #pragma unroll
   for (int b = 0; b < kAcc; ++b)
@@ -244,15 +315,13 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   auto x_row = [&](int b) {
     return static_cast<const T*>(a.x) + int64_t(min(8 * b + g, a.T - 1)) * a.x_ld;
   };
-  auto math_wide = [&](const Slot (&sl)[U], int step) {
+  auto math_wide = [&](const Slot (&sl)[U * W], int step) {
     const int q0 = (step * S + part) * 4 * U;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (q0 + 4 * u >= pieces) break;  // warp-uniform
       // A lane past K has zero weights and scale (exact zeros); its x is read at the last piece.
       const int p = min(q0 + 4 * u + t, pieces - 1);
-      const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
-      const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
       const uint4* xq =  // this slot's quad of x in fragment order
           kFragX ? static_cast<const uint4*>(a.xf) + int64_t((step * S + part) * U + u) * (4 * NT * 32) + lane : nullptr;
 #pragma unroll
@@ -265,12 +334,21 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          uint32_t A[4];
-          a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
+          uint32_t B[NT][2];  // token block b's B fragment, shared by the W tiles
 #pragma unroll
           for (int b = 0; b < NT; ++b) {
             const uint32_t lo = h ? xw[b].y : xw[b].x, hi = h ? xw[b].w : xw[b].z;
-            mma::Mma<T>::run(acc[b], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+            B[b][0] = __byte_perm(lo, hi, 0x5410), B[b][1] = __byte_perm(lo, hi, 0x7632);
+          }
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            const Slot& sw = sl[u * W + w];
+            const uint32_t wa4[4] = {sw.qa.x, sw.qa.y, sw.qa.z, sw.qa.w};
+            const uint32_t wb4[4] = {sw.qb.x, sw.qb.y, sw.qb.z, sw.qb.w};
+            uint32_t A[4];
+            a_fragment<T>(sw, wa4[j], wb4[j], h, A);
+#pragma unroll
+            for (int b = 0; b < NT; ++b) mma::Mma<T>::run(acc[w * NT + b], A, B[b][0], B[b][1]);
           }
         }
       }
@@ -300,7 +378,7 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     }
   };
 
-  auto math = [&](const Slot (&sl)[U], int step) {
+  auto math = [&](const Slot (&sl)[U * W], int step) {
     if constexpr (NT > 1) math_wide(sl, step);
     else math_one(sl, step);
   };
@@ -308,13 +386,13 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
   const int steps = (pieces + kStepPieces - 1) / kStepPieces;
   if constexpr (!kPipe) {
     for (int i = 0; i < steps; ++i) {
-      Slot sl[U];
+      Slot sl[U * W];
       load(sl, i);
       math(sl, i);
     }
   } else {
     // Two register buffers: step i + 1's loads are in flight while step i's math runs.
-    Slot A[U], B[U];
+    Slot A[U * W], B[U * W];
     int i = 0;
     if (i < steps) load(A, i);
     while (i < steps) {
@@ -333,20 +411,23 @@ __global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
     for (int e = 0; e < 4; ++e) c[e] = acc[0][e] + acc[1][e];
     if constexpr (S > 1) {
       __shared__ float partial[R][S][4][32];  // each tile's S warp sums
-      mma::store_tile<T, S>(a, c, partial[r], part, lane, n0, 0);
+      Out::template store<T, S>(a, c, partial[r], part, lane, n0, 0);
     } else {
-      mma::store_tile<T, S>(a, c, nullptr, part, lane, n0, 0);
+      Out::template store<T, S>(a, c, nullptr, part, lane, n0, 0);
     }
   } else {
-    // Token block by token block through one [R][S][4][32] exchange (store_tile syncs after the writes;
-    // the sync here keeps block b + 1's writes behind warp 0's reads of block b).
+    // Tile by tile, token block by token block through one [R][S][4][32] exchange (store_tile syncs
+    // after the writes; the sync here keeps the next writes behind warp 0's reads of the last ones).
     __shared__ float partial[R][S > 1 ? S : 1][4][32];
 #pragma unroll
-    for (int b = 0; b < NT; ++b) {
-      if (8 * b >= a.T) break;  // block-uniform
-      if (b > 0 && S > 1) __syncthreads();
-      mma::store_tile<T, S>(a, acc[b], S > 1 ? partial[r] : nullptr, part, lane, n0, 8 * b);
-    }
+    for (int w = 0; w < W; ++w)
+#pragma unroll
+      for (int b = 0; b < NT; ++b) {
+        if (8 * b >= a.T) break;  // block-uniform
+        if ((w > 0 || b > 0) && S > 1) __syncthreads();
+        Out::template store<T, S>(a, acc[w * NT + b], S > 1 ? partial[r] : nullptr, part, lane, n0 + w * Out::kSpan,
+                                  8 * b);
+      }
   }
 }
 

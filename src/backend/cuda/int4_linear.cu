@@ -210,22 +210,27 @@ Int4Design int4_design(int N, int K) {
   return Int4Design::S8U4R1;
 }
 
-template <typename T, int S, int U, int R, bool P, int NT = 1, bool X = false>
+template <typename T, class Out, int S, int U, int R, bool P, int NT = 1, bool X = false, int W = 1>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
-  const unsigned tiles = unsigned((a.N + 15) / 16), blocks = (tiles + R - 1) / R;
-  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT, X>, dim3(blocks), dim3(R * S * 32), 0, s, a);
+  const unsigned tiles = unsigned((Out::outputs(a) + Out::kSpan - 1) / Out::kSpan);
+  const unsigned blocks = (tiles + R * W - 1) / (R * W);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT, X, W, Out>, dim3(blocks), dim3(R * S * 32), 0, s,
+         a);
 }
 
 // 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
-// reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured on the
-// H200 (2026-12-03, bf16, group 128; µs per call against the next best): at 16 tokens four loads in
-// flight per warp (two per lane and row) for the O / down shapes (8.90 against 9.11; 23.55 against
-// 25.03), one for the wider ones (QKV 12.21 against 14.58, gate/up 51.80 against 52.28). At 17..64
-// it is the split test_cuda_int4_ops and the end-to-end figures ran on; the lab measured faster ones
-// in the same call (µs at 64 tokens, both launches: S8 U1 for N <= 4096, O 15.54 against 21.13 and
-// down 43.19 against 60.21; S4 U2 for wider rows, QKV 19.85 against 27.96 and gate/up 85.15 against
-// 92.35), not yet run through the conformance tests: docs/quantization.md, Plan.
-template <typename T, int NT>
+// reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured fastest
+// on the H200 (2026-12-03, bf16, group 128, Llama-3.1-8B's products; µs per call, both launches,
+// against the split used before; docs/quantization.md):
+//  - 16 tokens: two tiles a warp with two loads per lane and row for N <= 4096 or long rows (O 8.75
+//    against 9.40, down 24.13 against 25.52), one tile and one load for QKV (12.13), and four warps a
+//    pair of tiles with one load for gate/up (41.02 against 51.69): at 16 tokens a tile reads 128 KB
+//    of x for its 32 KB of weights, which the pair shares.
+//  - 32 tokens: two loads for long rows (down 29.72 against 31.67), one tile and one load up to
+//    N = 8192 (QKV 14.56 against 15.58; O 11.31), four warps with two loads wider (gate/up 49.94).
+//  - 64 tokens: one load for N <= 4096 (O 15.48, down 42.96), four warps with two loads wider (QKV
+//    20.32), and for gate/up two tiles a warp (79.45 against 89.33).
+template <typename T, class Out, int NT>
 void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
   constexpr bool X = NT >= int4gemv::kFragBlocks;
   if constexpr (X) {
@@ -234,26 +239,38 @@ void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
            static_cast<uint4*>(xf));
     a.xf = xf;
   }
-  if (a.N <= 4096 || a.K > 8192) return launch_design<T, 8, 2, 1, false, NT, X>(a, s);
-  return launch_design<T, 8, 1, 1, false, NT, X>(a, s);
+  if constexpr (NT == 2) {
+    if (a.N <= 4096 || a.K > 8192) return launch_design<T, Out, 8, 2, 1, false, NT, X, 2>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
+    return launch_design<T, Out, 4, 1, 1, false, NT, X, 2>(a, s);
+  } else if constexpr (NT == 4) {
+    if (a.K > 8192) return launch_design<T, Out, 8, 2, 1, false, NT, X>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
+    return launch_design<T, Out, 4, 2, 1, false, NT, X>(a, s);
+  } else {
+    if (a.N <= 4096) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, 4, 2, 1, false, NT, X>(a, s);
+    return launch_design<T, Out, 4, 2, 1, false, NT, X, 2>(a, s);
+  }
 }
 
-template <typename T>
+// Out: int4gemv::PlainOut or SwigluOut; the split is the weight's ([2I, K] for SwiGLU).
+template <typename T, class Out>
 void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
   switch (int4gemv::token_blocks(a.T)) {
-    case 2: return launch_blocks<T, 2>(a, xf, s);
-    case 4: return launch_blocks<T, 4>(a, xf, s);
-    case 8: return launch_blocks<T, 8>(a, xf, s);
+    case 2: return launch_blocks<T, Out, 2>(a, xf, s);
+    case 4: return launch_blocks<T, Out, 4>(a, xf, s);
+    case 8: return launch_blocks<T, Out, 8>(a, xf, s);
     default: break;  // one block: the split by shape below
   }
   switch (int4_design(a.N, a.K)) {
-    case Int4Design::S8U1R1: return launch_design<T, 8, 1, 1, false>(a, s);
-    case Int4Design::S8U2R1: return launch_design<T, 8, 2, 1, false>(a, s);
-    case Int4Design::S16U1R1: return launch_design<T, 16, 1, 1, false>(a, s);
-    case Int4Design::S16U2R1: return launch_design<T, 16, 2, 1, false>(a, s);
-    case Int4Design::S4U4R1: return launch_design<T, 4, 4, 1, false>(a, s);
-    case Int4Design::S4U4R1P: return launch_design<T, 4, 4, 1, true>(a, s);
-    case Int4Design::S8U4R1: return launch_design<T, 8, 4, 1, false>(a, s);
+    case Int4Design::S8U1R1: return launch_design<T, Out, 8, 1, 1, false>(a, s);
+    case Int4Design::S8U2R1: return launch_design<T, Out, 8, 2, 1, false>(a, s);
+    case Int4Design::S16U1R1: return launch_design<T, Out, 16, 1, 1, false>(a, s);
+    case Int4Design::S16U2R1: return launch_design<T, Out, 16, 2, 1, false>(a, s);
+    case Int4Design::S4U4R1: return launch_design<T, Out, 4, 4, 1, false>(a, s);
+    case Int4Design::S4U4R1P: return launch_design<T, Out, 4, 4, 1, true>(a, s);
+    case Int4Design::S8U4R1: return launch_design<T, Out, 8, 4, 1, false>(a, s);
   }
 }
 
@@ -288,7 +305,7 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
     case DType::BF16:
       dispatch(x.dtype, "int4 linear", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        if constexpr (!std::is_same_v<T, float>) launch_new<T>(a, scratch, s);
+        if constexpr (!std::is_same_v<T, float>) launch_new<T, int4gemv::PlainOut>(a, scratch, s);
       });
       return true;
     case DType::F32: {
@@ -302,6 +319,22 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
     }
     default: return false;
   }
+}
+
+bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, void* scratch, size_t scratch_bytes,
+                             cudaStream_t s) {
+  if (x.dtype == DType::F32 || !decode_suits(x, w_gate_up) || w_gate_up.rows % 2 != 0) return false;
+  if (out.rows != x.rows || out.cols * 2 != w_gate_up.rows || out.dtype != x.dtype)
+    throw Error("cuda backend: int4 linear_swiglu of x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
+                "] and w [" + std::to_string(w_gate_up.rows) + ", " + std::to_string(w_gate_up.cols) + "] into [" +
+                std::to_string(out.rows) + ", " + std::to_string(out.cols) + "]");
+  if (int4_decode_scratch_bytes(x.dtype, x.rows, x.cols) > scratch_bytes) return false;
+  const Int4Args a = int4_args(x, w_gate_up, nullptr, out);
+  dispatch(x.dtype, "int4 linear_swiglu", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if constexpr (!std::is_same_v<T, float>) launch_new<T, int4gemv::SwigluOut>(a, scratch, s);
+  });
+  return true;
 }
 
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s) {

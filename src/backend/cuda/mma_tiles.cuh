@@ -64,20 +64,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(p)));
 }
 
-// The end of a product whose 16-row tile is split over S warps by K: c is the calling warp's C
-// fragment (lane (g, t): outputs n0 + g and n0 + g + 8, tokens tok0 + 2t and tok0 + 2t + 1). With S > 1
-// the tile's warps (part 0..S-1) meet in `partial`, the tile's [S][4][32] floats of shared memory, and
-// are added in warp order, so the sums do not depend on scheduling; every warp of the block must call
-// it then (it waits on the block's barrier). Warp 0 of the tile adds the bias and writes the outputs
-// inside a.T x a.N. Args: the kernel's arguments (T, N, bias, y, y_ld).
-template <typename T, int S, typename Args>
-__device__ __forceinline__ void store_tile(const Args& a, float (&c)[4], float (*partial)[4][32], int part, int lane,
-                                           int n0, int tok0) {
+// The sum of a 16-row tile split over S warps by K: c is the calling warp's C fragment (lane (g, t):
+// rows g and g + 8, tokens 2t and 2t + 1). With S > 1 the tile's warps (part 0..S-1) meet in
+// `partial`, the tile's [S][4][32] floats of shared memory, and are added in warp order, so the sums
+// do not depend on scheduling; every warp of the block must call it then (it waits on the block's
+// barrier). True for the warp that holds the sum in c (part 0).
+template <int S>
+__device__ __forceinline__ bool sum_tile(float (&c)[4], float (*partial)[4][32], int part, int lane) {
   if constexpr (S > 1) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) partial[part][e][lane] = c[e];
     __syncthreads();
-    if (part != 0) return;
+    if (part != 0) return false;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = 0.f;
@@ -86,6 +84,16 @@ __device__ __forceinline__ void store_tile(const Args& a, float (&c)[4], float (
       c[e] = v;
     }
   }
+  return true;
+}
+
+// The end of a product whose 16-row tile is split over S warps by K (sum_tile): outputs n0 + g and
+// n0 + g + 8, tokens tok0 + 2t and tok0 + 2t + 1; warp 0 of the tile adds the bias and writes the
+// outputs inside a.T x a.N. Args: the kernel's arguments (T, N, bias, y, y_ld).
+template <typename T, int S, typename Args>
+__device__ __forceinline__ void store_tile(const Args& a, float (&c)[4], float (*partial)[4][32], int part, int lane,
+                                           int n0, int tok0) {
+  if (!sum_tile<S>(c, partial, part, lane)) return;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
