@@ -85,6 +85,10 @@ void add_inspect(CLI::App& app) {
       quant = "int4 " + f.quant->method + (f.quant->format.empty() ? "" : " " + f.quant->format) + " (" +
               (f.quant->symmetric ? "symmetric" : "zero points") + (f.quant->act_order ? ", act-order" : "") + ", " +
               (f.quant->group_size < 0 ? std::string("one group per row") : "group " + std::to_string(f.quant->group_size)) +
+              (f.quant->published_group == 0 ? std::string()
+               : f.quant->published_group < 0
+                   ? std::string(" (published: one group per row)")
+                   : " (published: group " + std::to_string(f.quant->published_group) + ")") +
               ", " + std::string(dtype_name(f.weight_dtype)) + " scales) on " + std::to_string(f.quant->tensors.size()) +
               " linear weights";
     std::printf("weights      %s, quantization %s, %zu tensors, %.2f MB\n", std::string(dtype_name(f.weight_dtype)).c_str(),

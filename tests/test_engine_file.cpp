@@ -495,6 +495,20 @@ TEST_F(Refusal, MalformedMetadata) {
     m["weights"]["quantization"]["format"] = "gptq";
     m["weights"]["quantization"]["group_size"] = 31;
   }, {"'weights.quantization.group_size' must be -1 (whole row) or an even size >= 2"});
+  // published_group_size (a published checkpoint's own groups, re-expressed): not for rtn, and a
+  // whole row or a multiple of the runtime group.
+  expect_meta_refused([&](json& m) { int4(m, "published_group_size", -1); },
+                      {"'weights.quantization.published_group_size' is for a published method, not rtn"});
+  expect_meta_refused([&](json& m) {
+    int4(m, "method", "gptq");
+    m["weights"]["quantization"]["format"] = "gptq_v2";
+    m["weights"]["quantization"]["published_group_size"] = 48;
+  }, {"'weights.quantization.published_group_size' must be -1 (whole row) or an even multiple of group_size"});
+  expect_meta_refused([&](json& m) {
+    int4(m, "method", "gptq");
+    m["weights"]["quantization"]["format"] = "gptq_v2";
+    m["weights"]["quantization"]["published_group_size"] = "row";
+  }, {"'weights.quantization.published_group_size'"});
   expect_meta_refused([&](json& m) { int4(m, "bits", 8); }, {"'weights.quantization.bits' must lie in [4, 4]"});
   expect_meta_refused([&](json& m) { int4(m, "group_size", 48); }, {"'weights.quantization.group_size' must be a power of two"});
   expect_meta_refused([&](json& m) { int4(m, "group_size", 512); }, {"'weights.quantization.group_size' must lie in [32, 256]"});

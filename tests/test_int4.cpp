@@ -163,6 +163,26 @@ TEST(Int4Plan, TheGroupSizeIsAPowerOfTwoThatDividesEveryLinearWeight) {
   for (const std::string& n : c.tensors) EXPECT_EQ(n.rfind("layers.", 0), 0u) << n;
 }
 
+// A published checkpoint's groups at run time: kept when the kernels take them, else the largest
+// power of two in [32, 256] dividing every weight's group (a whole row: every weight's input
+// dimension), else kept as published (the CPU takes them; CUDA refuses them in the loader).
+TEST(Int4Plan, PublishedGroupsAreReexpressedAsPowersOfTwoTheKernelsTake) {
+  EXPECT_EQ(int4_runtime_group(128, {4096, 14336}), 128);
+  EXPECT_EQ(int4_runtime_group(32, {64}), 32);
+  EXPECT_EQ(int4_runtime_group(-1, {4096, 14336}), 256);  // Llama-3.1-8B's rows
+  EXPECT_EQ(int4_runtime_group(-1, {64, 128}), 64);       // the fixtures' rows
+  EXPECT_EQ(int4_runtime_group(-1, {896, 4864}), 128);    // Qwen2.5-0.5B's rows
+  EXPECT_EQ(int4_runtime_group(96, {4096, 12288}), 32);
+  EXPECT_EQ(int4_runtime_group(512, {4096}), 256);
+  EXPECT_EQ(int4_runtime_group(-1, {48, 64}), -1);  // no power of two from 32 divides a row of 48
+  EXPECT_EQ(int4_runtime_group(40, {4000}), 40);
+  EXPECT_EQ(int4_runtime_group(-1, {}), -1);
+  const ModelSpec spec = load_model_spec(test::fixture("qwen3"));
+  const std::vector<int64_t> cols = int4_quantizable_cols(weight_table(spec));
+  EXPECT_EQ(cols.size(), size_t(4 * spec.layers));
+  EXPECT_EQ(int4_runtime_group(-1, cols), 64);
+}
+
 TEST(Int4Build, QuantizedWeightsArePackedWithScalesInTheEngineDtype) {
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     const Engine e = build("qwen3", 32, dt);

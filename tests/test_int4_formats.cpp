@@ -305,7 +305,10 @@ TEST_P(Int4Formats, EveryValueConvertsExactly) {
   const Engine q = build_engine(tmp.file("q"), bo);
   ASSERT_TRUE(q.quant);
   EXPECT_EQ(q.quant->method, c.method);
-  EXPECT_EQ(q.quant->group_size, c.group);
+  // Whole rows (of 64 and 128 columns in these models) are held as groups of 64, each row's scale and
+  // zero repeated (int4_runtime_group), the published size kept beside them.
+  EXPECT_EQ(q.quant->group_size, c.group < 0 ? 64 : c.group);
+  EXPECT_EQ(q.quant->published_group, c.group < 0 ? -1 : 0);
   EXPECT_EQ(q.quant->symmetric, c.method == "awq" ? false : c.sym);
   EXPECT_EQ(q.quant->act_order, c.act_order);
   const WeightTable table = weight_table(q.spec);
@@ -357,7 +360,8 @@ TEST_P(Int4Formats, EngineFileReloadsBitwiseAndInspectSaysWhatItIs) {
     EXPECT_EQ(le.engine.quant->method, c.method);
     EXPECT_EQ(le.engine.quant->symmetric, e.quant->symmetric);
     EXPECT_EQ(le.engine.quant->act_order, e.quant->act_order);
-    EXPECT_EQ(le.engine.quant->group_size, c.group);
+    EXPECT_EQ(le.engine.quant->group_size, c.group < 0 ? 64 : c.group);
+    EXPECT_EQ(le.engine.quant->published_group, c.group < 0 ? -1 : 0);
     ASSERT_EQ(le.engine.weights.size(), e.weights.size());
     for (auto& [n, t] : e.weights) {
       const HostTensor* r = le.engine.find(n);
@@ -382,6 +386,9 @@ TEST_P(Int4Formats, EngineFileReloadsBitwiseAndInspectSaysWhatItIs) {
   EXPECT_NE(out.find(c.method == "awq" || !c.sym ? "zero points" : "symmetric"), std::string::npos) << out;
   if (c.act_order) {
     EXPECT_NE(out.find("act-order"), std::string::npos) << out;
+  }
+  if (c.group < 0) {
+    EXPECT_NE(out.find("group 64 (published: one group per row)"), std::string::npos) << out;
   }
 }
 

@@ -345,6 +345,10 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   if (published && quant->tensors.empty())
     throw Error(dir + ": config.json has a quantization_config (" + published->method + ") but no linear weight holds '" +
                 published_tensor_names(*published, "<module>")[0] + "' tensors");
+  if (published) {  // whole rows (and other groups) re-expressed as groups every backend's kernels take
+    quant->group_size = int4_runtime_group(published->group_size, int4_quantizable_cols(table));
+    if (quant->group_size != published->group_size) quant->published_group = published->group_size;
+  }
 
   Engine eng;
   eng.spec = spec;
@@ -358,7 +362,7 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];
     if (is_published[i]) {
-      Int4Parts p = convert_published(*published, ck, w, eng.weight_dtype, &rounded);
+      Int4Parts p = convert_published(*published, ck, w, eng.weight_dtype, quant->group(w.shape.at(1)), &rounded);
       eng.weights.insert_or_assign(w.name, std::move(p.packed));
       eng.weights.insert_or_assign(w.name + kInt4ScalesSuffix, std::move(p.scales));
       if (p.zeros) eng.weights.insert_or_assign(w.name + kInt4ZerosSuffix, std::move(*p.zeros));

@@ -270,6 +270,14 @@ std::optional<QuantConfig> parse_quantization(const Fields& f, const json& w, co
   if (rtn && (c.group_size & (c.group_size - 1)) != 0) f.fail(p + "group_size", "must be a power of two for rtn");
   if (c.group_size != -1 && (c.group_size < 2 || c.group_size % 2 != 0))
     f.fail(p + "group_size", "must be -1 (whole row) or an even size >= 2");
+  // Present where a published checkpoint's groups were re-expressed (int4_runtime_group).
+  if (q.contains("published_group_size")) {
+    c.published_group = f.integer(q, p + "published_group_size", "published_group_size", -1, int64_t(1) << 30);
+    if (rtn) f.fail(p + "published_group_size", "is for a published method, not rtn");
+    if (c.published_group != -1 && (c.published_group < 2 || c.published_group % 2 != 0 ||
+                                    (c.group_size > 0 && c.published_group % c.group_size != 0)))
+      f.fail(p + "published_group_size", "must be -1 (whole row) or an even multiple of group_size");
+  }
   c.symmetric = f.boolean(q, p + "symmetric", "symmetric");
   if (rtn && !c.symmetric) f.fail(p + "symmetric", "must be true for rtn (round to nearest writes no zero points)");
   // Absent in the files of the first INT4 version, which had no act-order.

@@ -477,12 +477,17 @@ void check_published(const PublishedQuant& q, const Checkpoint& ck, const Weight
   shared_order(q, ck, w, mods);
 }
 
-Int4Parts convert_published(const PublishedQuant& q, const Checkpoint& ck, const WeightSpec& w, DType sdt, bool* rounded) {
+Int4Parts convert_published(const PublishedQuant& q, const Checkpoint& ck, const WeightSpec& w, DType sdt, int64_t group,
+                            bool* rounded) {
   const std::vector<Module> mods = modules_of(q, ck, w);
   for (const Module& m : mods) check_module(q, ck, m);
   const std::vector<int32_t> perm = shared_order(q, ck, w, mods);
   const int64_t rows = w.shape.at(0), cols = w.shape.at(1);
-  const int64_t groups = mods.front().groups;
+  const int64_t published = mods.front().groups;  // groups a row in the checkpoint
+  if (group < 2 || mods.front().group % group != 0)
+    throw Error("weight '" + w.name + "': runtime INT4 groups of " + std::to_string(group) + " columns do not divide its " +
+                "published groups of " + std::to_string(mods.front().group));
+  const int64_t groups = cols / group, repeat = groups / published;  // runtime groups a row; per published one
   Int4Parts out{HostTensor(DType::U8, int4_packed_shape(w.shape)), HostTensor(sdt, {rows, groups}), std::nullopt, std::nullopt};
   if (!q.symmetric) out.zeros = HostTensor(DType::U8, {rows, groups});
   if (q.act_order) {
@@ -506,7 +511,8 @@ Int4Parts convert_published(const PublishedQuant& q, const Checkpoint& ck, const
           dst[j / 2] = uint8_t(nib[a] | (nib[b] << 4));
         }
         for (int64_t g = 0; g < groups; ++g) {
-          const float v = u.scale[size_t(r * groups + g)];
+          const size_t src = size_t(r * published + g / repeat);
+          const float v = u.scale[src];
           uint8_t* d = sc + size_t(r_out * groups + g) * ses;
           convert_from_f32(sdt, &v, d, 1);
           float back;
@@ -515,7 +521,7 @@ Int4Parts convert_published(const PublishedQuant& q, const Checkpoint& ck, const
             throw Error(ck.dir() + ": a scale of '" + mods[s].prefix + "' (" + std::to_string(v) + ") overflows " +
                         std::string(dtype_name(sdt)) + "; build with a wider --dtype");
           if (back != v && rounded) *rounded = true;
-          if (out.zeros) out.zeros->as<uint8_t>()[r_out * groups + g] = u.zero[size_t(r * groups + g)];
+          if (out.zeros) out.zeros->as<uint8_t>()[r_out * groups + g] = u.zero[src];
         }
       }
   }

@@ -52,8 +52,10 @@ void check_published(const PublishedQuant& q, const Checkpoint& ck, const Weight
 
 // Converts `w`'s quantized sources (stacked along rows as the table fuses them) into the runtime
 // layout: the same values, nibble for nibble, zero for zero; the scales converted to `scale_dtype`
-// (exact from fp16 to f16 or f32; `rounded` is set when a scale changed, e.g. fp16 to bf16).
+// (exact from fp16 to f16 or f32; `rounded` is set when a scale changed, e.g. fp16 to bf16), in groups
+// of `group` columns (int4_runtime_group; it divides the published group, whose scale and zero repeat
+// over the runtime groups it spans).
 Int4Parts convert_published(const PublishedQuant& q, const Checkpoint& ck, const WeightSpec& w, DType scale_dtype,
-                            bool* rounded = nullptr);
+                            int64_t group, bool* rounded = nullptr);
 
 }  // namespace ingot

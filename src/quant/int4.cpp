@@ -80,6 +80,21 @@ std::string int4_group_problem(int64_t g, int64_t cols) {
   return "";
 }
 
+int64_t int4_runtime_group(int64_t g, const std::vector<int64_t>& cols) {
+  if (g >= kInt4MinGroup && g <= kInt4MaxGroup && (g & (g - 1)) == 0) return g;
+  for (int64_t r = kInt4MaxGroup; r >= kInt4MinGroup; r /= 2)
+    if (!cols.empty() && std::all_of(cols.begin(), cols.end(), [&](int64_t c) { return (g < 0 ? c : g) % r == 0 && c % r == 0; }))
+      return r;
+  return g;
+}
+
+std::vector<int64_t> int4_quantizable_cols(const WeightTable& table) {
+  std::vector<int64_t> cols;
+  for (const WeightSpec& w : table.entries())
+    if (int4_quantizable(w)) cols.push_back(w.shape.at(1));
+  return cols;
+}
+
 void check_int4_zeros(const std::string& name, const uint8_t* z, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (z[i] > 15)
@@ -105,6 +120,7 @@ nlohmann::json quant_json(const QuantConfig* q, DType sdt) {
                       {"act_order", q->act_order},   {"layout", "int4_rows_low_nibble_first"},
                       {"scale_dtype", std::string(dtype_name(sdt))}, {"tensors", q->tensors}};
   if (!q->format.empty()) j["format"] = q->format;
+  if (q->published_group != 0 && q->published_group != q->group_size) j["published_group_size"] = q->published_group;
   return j;
 }
 

@@ -36,6 +36,9 @@ struct QuantConfig {
   std::string format;          // the published checkpoint format: "gptq", "gptq_v2", "gemm", "pack-quantized"; "" for rtn
   int bits = 4;
   int64_t group_size = 128;    // columns (input features) sharing one scale; -1: one group per row
+  // A published checkpoint's own group size where the runtime groups differ (int4_runtime_group: a
+  // whole row, -1, held as groups of a power of two); 0: the same as group_size.
+  int64_t published_group = 0;
   bool symmetric = true;       // false: every INT4 weight has <name>.zeros
   bool act_order = false;      // true: every INT4 weight has <name>.perm
   std::vector<std::string> tensors;  // runtime names of the INT4 weights, in table order
@@ -64,6 +67,16 @@ bool int4_method_known(const std::string& method);
 // The group-size rule of the published formats (and every reader of the runtime layout): -1 (whole
 // row), or an even size >= 2 that divides `cols`. Error text for a size that breaks it, or "".
 std::string int4_group_problem(int64_t group_size, int64_t cols);
+// The group size the runtime layout gives a published checkpoint whose weights have these input
+// dimensions: its own when it is a power of two in [kInt4MinGroup, kInt4MaxGroup]; otherwise (a whole
+// row, -1, or another even size) the largest such power of two that divides every weight's group,
+// so that every backend's kernels take it. The values do not change: each published group's scale
+// (and zero) repeats over the runtime groups it spans. Past that (no power of two from 32 divides
+// the groups), the group as published.
+int64_t int4_runtime_group(int64_t group_size, const std::vector<int64_t>& cols);
+// The input dimensions int4_runtime_group reads for a model: those of every weight a checkpoint may
+// hold as INT4 (int4_quantizable), so the loader's device check and the build agree.
+std::vector<int64_t> int4_quantizable_cols(const WeightTable& table);
 // Value checks of a weight's optional tensors, which the readers index by: every zero in 0..15, the
 // perm a permutation of 0..in-1. Error naming `name` on the first bad value.
 void check_int4_zeros(const std::string& name, const uint8_t* zeros, int64_t n);

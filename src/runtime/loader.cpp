@@ -137,8 +137,9 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   if (device_ == "cuda") {
     std::optional<int64_t> group;
     std::string what;
-    if (published_) {
-      group = read_published_quant(s.model_dir)->group_size;
+    if (published_) {  // the groups the build gives it (engine.cpp: int4_runtime_group)
+      group = int4_runtime_group(read_published_quant(s.model_dir)->group_size,
+                                 int4_quantizable_cols(weight_table(model_spec_)));
       what = s.model_dir + " (config.json: quantization_config.group_size)";
     } else if (file_ && file_->quant) {
       group = file_->quant->group_size;
