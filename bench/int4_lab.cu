@@ -40,6 +40,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using ingot::cuda::int4gemv::Args;
+using ingot::cuda::int4gemv::Split;
 
 using ingot::lab::ck;
 using Design = ingot::lab::Design<Args>;
@@ -55,7 +56,7 @@ Design design() {
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
     const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, P, NT, false, W>, dim3(blocks),
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Split<S, U, R, P, W>, NT>, dim3(blocks),
                         dim3(R * S * 32), 0, s, a);
   };
   return d;
@@ -73,8 +74,8 @@ Design design_frag() {
     ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
                         dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
     const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, S, U, R, false, NT, true, W>, dim3(blocks),
-                        dim3(R * S * 32), 0, s, a);
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Split<S, U, R, false, W>, NT, true>,
+                        dim3(blocks), dim3(R * S * 32), 0, s, a);
   };
   return d;
 }

@@ -1,7 +1,6 @@
 // The INT4 weight-only decode product for 1..64 tokens of f16/bf16 activations (y = x w^T + bias, w
-// packed as quant/int4.h lays it out), a template over its split of the rows in the manner of
-// gemv_kernel.cuh: S warps per 16-row tile splitting K, U 16-byte loads per lane and row in flight,
-// R tiles per block, kPipe the next step's loads issued before this step's math. int4_linear.cu picks
+// packed as quant/int4.h lays it out), a template over its split of the rows (Split, below) in the
+// manner of gemv_kernel.cuh, its token blocks and its epilogue. int4_linear.cu picks
 // the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
 // and against the library's launcher. Also here: the pieces int4_linear.cu's other kernels share with
 // it (the exact 16-bit dequantization of a nibble pair; the MMA is mma_tiles.cuh's), so every path
@@ -206,6 +205,15 @@ struct SwigluOut {
   }
 };
 
+// How an instance spreads the rows over a block's warps and its loads over time: S warps per 16-row
+// tile splitting K, U 16-byte loads per lane and row in flight, R tiles per block, P the next step's
+// loads issued before this step's math, W 16-row tiles per warp (batch instances, below).
+template <int S_, int U_, int R_, bool P_ = false, int W_ = 1>
+struct Split {
+  static constexpr int S = S_, U = U_, R = R_, W = W_;
+  static constexpr bool P = P_;
+};
+
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
@@ -227,9 +235,10 @@ struct SwigluOut {
 // tile reads all of x once, so at 16-64 tokens x is most of what the tiles read (from L2: 64 tokens
 // of K = 4096 are 512 KB a tile against the tile's 32 KB of weights), and W tiles a warp divide it
 // by W. Out: PlainOut or SwigluOut (above; the row numbers here are PlainOut's).
-template <typename T, int S, int U, int R, bool kPipe, int NT = 1, bool kFragX = false, int W = 1,
-          class Out = PlainOut>
-__global__ void __launch_bounds__(R * S * 32) kernel(Args a) {
+template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut>
+__global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
+  constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
+  constexpr bool kPipe = Sp::P;
   static_assert(NT > 1 || !kFragX, "the fragment order is for the batch instances");
   static_assert(NT > 1 || W == 1, "several tiles a warp share x across token blocks");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");

@@ -50,6 +50,7 @@ struct DequantArgs {
 using int4gemv::bits_of;
 using int4gemv::dequant_pair;
 using int4gemv::Pair;
+using int4gemv::Split;
 
 // f32 activations: a warp per output row, each lane 32 values (16 bytes) per step; up to NT tokens.
 template <int NT>
@@ -210,12 +211,11 @@ Int4Design int4_design(int N, int K) {
   return Int4Design::S8U4R1;
 }
 
-template <typename T, class Out, int S, int U, int R, bool P, int NT = 1, bool X = false, int W = 1>
+template <typename T, class Out, class Sp, int NT = 1, bool X = false>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   const unsigned tiles = unsigned((Out::outputs(a) + Out::kSpan - 1) / Out::kSpan);
-  const unsigned blocks = (tiles + R * W - 1) / (R * W);
-  launch("int4_gemv_kernel", int4gemv::kernel<T, S, U, R, P, NT, X, W, Out>, dim3(blocks), dim3(R * S * 32), 0, s,
-         a);
+  const unsigned blocks = (tiles + Sp::R * Sp::W - 1) / (Sp::R * Sp::W);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out>, dim3(blocks), dim3(Sp::R * Sp::S * 32), 0, s, a);
 }
 
 // 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
@@ -240,17 +240,17 @@ void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
     a.xf = xf;
   }
   if constexpr (NT == 2) {
-    if (a.N <= 4096 || a.K > 8192) return launch_design<T, Out, 8, 2, 1, false, NT, X, 2>(a, s);
-    if (a.N <= 8192) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
-    return launch_design<T, Out, 4, 1, 1, false, NT, X, 2>(a, s);
+    if (a.N <= 4096 || a.K > 8192) return launch_design<T, Out, Split<8, 2, 1, false, 2>, NT, X>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, Split<8, 1, 1, false>, NT, X>(a, s);
+    return launch_design<T, Out, Split<4, 1, 1, false, 2>, NT, X>(a, s);
   } else if constexpr (NT == 4) {
-    if (a.K > 8192) return launch_design<T, Out, 8, 2, 1, false, NT, X>(a, s);
-    if (a.N <= 8192) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
-    return launch_design<T, Out, 4, 2, 1, false, NT, X>(a, s);
+    if (a.K > 8192) return launch_design<T, Out, Split<8, 2, 1, false>, NT, X>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, Split<8, 1, 1, false>, NT, X>(a, s);
+    return launch_design<T, Out, Split<4, 2, 1, false>, NT, X>(a, s);
   } else {
-    if (a.N <= 4096) return launch_design<T, Out, 8, 1, 1, false, NT, X>(a, s);
-    if (a.N <= 8192) return launch_design<T, Out, 4, 2, 1, false, NT, X>(a, s);
-    return launch_design<T, Out, 4, 2, 1, false, NT, X, 2>(a, s);
+    if (a.N <= 4096) return launch_design<T, Out, Split<8, 1, 1, false>, NT, X>(a, s);
+    if (a.N <= 8192) return launch_design<T, Out, Split<4, 2, 1, false>, NT, X>(a, s);
+    return launch_design<T, Out, Split<4, 2, 1, false, 2>, NT, X>(a, s);
   }
 }
 
@@ -264,13 +264,13 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
     default: break;  // one block: the split by shape below
   }
   switch (int4_design(a.N, a.K)) {
-    case Int4Design::S8U1R1: return launch_design<T, Out, 8, 1, 1, false>(a, s);
-    case Int4Design::S8U2R1: return launch_design<T, Out, 8, 2, 1, false>(a, s);
-    case Int4Design::S16U1R1: return launch_design<T, Out, 16, 1, 1, false>(a, s);
-    case Int4Design::S16U2R1: return launch_design<T, Out, 16, 2, 1, false>(a, s);
-    case Int4Design::S4U4R1: return launch_design<T, Out, 4, 4, 1, false>(a, s);
-    case Int4Design::S4U4R1P: return launch_design<T, Out, 4, 4, 1, true>(a, s);
-    case Int4Design::S8U4R1: return launch_design<T, Out, 8, 4, 1, false>(a, s);
+    case Int4Design::S8U1R1: return launch_design<T, Out, Split<8, 1, 1, false>>(a, s);
+    case Int4Design::S8U2R1: return launch_design<T, Out, Split<8, 2, 1, false>>(a, s);
+    case Int4Design::S16U1R1: return launch_design<T, Out, Split<16, 1, 1, false>>(a, s);
+    case Int4Design::S16U2R1: return launch_design<T, Out, Split<16, 2, 1, false>>(a, s);
+    case Int4Design::S4U4R1: return launch_design<T, Out, Split<4, 4, 1, false>>(a, s);
+    case Int4Design::S4U4R1P: return launch_design<T, Out, Split<4, 4, 1, true>>(a, s);
+    case Int4Design::S8U4R1: return launch_design<T, Out, Split<8, 4, 1, false>>(a, s);
   }
 }
 
