@@ -115,9 +115,30 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   // checked first, so a value no GPU run takes is named the same in a build without CUDA.
   const bool int4 = s.int4_group_size || published_ || (file_ && file_->quant);
   const bool named = s.device == "cpu" || s.device == "cuda";  // resolves to itself (or is refused)
+  // The CUDA kernels take groups of a power of two from 32 values (int4_linear.cu reads 32 values of
+  // one group per 16-byte load); the published formats also allow whole-row and other even groups,
+  // which the build re-expresses where a power of two from 32 divides them (int4_runtime_group).
+  auto check_cuda_groups = [&] {
+    std::optional<int64_t> group;
+    std::string what;
+    if (published_) {  // the groups the build gives it (engine.cpp)
+      group = int4_runtime_group(read_published_quant(s.model_dir)->group_size,
+                                 int4_quantizable_cols(weight_table(model_spec_)));
+      what = s.model_dir + " (config.json: quantization_config.group_size)";
+    } else if (file_ && file_->quant) {
+      group = file_->quant->group_size;
+      what = s.engine_path + " (weights.quantization.group_size)";
+    }
+    if (group && (*group < 32 || (*group & (*group - 1)) != 0))
+      throw Error("cuda backend: " + what + " has INT4 groups of " +
+                  (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
+                  "; the CUDA kernels take powers of two from 32; run it with --device cpu");
+  };
   if (named) activation_dtype_ = resolve_activations(s.activations, s.device, dtype_, int4);
+  if (s.device == "cuda") check_cuda_groups();  // said the same in a build without CUDA
   device_ = resolve_device(s.device);
   if (!named) activation_dtype_ = resolve_activations(s.activations, device_, dtype_, int4);
+  if (!named && device_ == "cuda") check_cuda_groups();
   // INT4: checked against the model's weights here, before any weight is read.
   if (s.int4_group_size) {
     if (!s.engine_path.empty())
@@ -131,24 +152,6 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     if (!s.int4_group_size)
       throw Error(std::string(s.calibration_text.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
     calibration_ = read_calibration(s.calibration_text, s.calibration_ids, s.model_dir, model_spec_.vocab);
-  }
-  // The CUDA kernels take groups of a power of two from 32 values (int4_linear.cu reads 32 values of
-  // one group per 16-byte load); the published formats also allow whole-row and other even groups.
-  if (device_ == "cuda") {
-    std::optional<int64_t> group;
-    std::string what;
-    if (published_) {  // the groups the build gives it (engine.cpp: int4_runtime_group)
-      group = int4_runtime_group(read_published_quant(s.model_dir)->group_size,
-                                 int4_quantizable_cols(weight_table(model_spec_)));
-      what = s.model_dir + " (config.json: quantization_config.group_size)";
-    } else if (file_ && file_->quant) {
-      group = file_->quant->group_size;
-      what = s.engine_path + " (weights.quantization.group_size)";
-    }
-    if (group && (*group < 32 || (*group & (*group - 1)) != 0))
-      throw Error("cuda backend: " + what + " has INT4 groups of " +
-                  (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
-                  "; the CUDA kernels take powers of two from 32; run it with --device cpu");
   }
   // The CPU backend does not depend on the weights' dtype: made first, its cache and workspace join
   // the host memory check that precedes the build or the checksum pass.
