@@ -40,6 +40,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using ingot::cuda::int4gemv::Args;
+using ingot::cuda::int4gemv::PlainOut;
 using ingot::cuda::int4gemv::Split;
 
 using ingot::lab::ck;
@@ -55,9 +56,9 @@ Design design() {
   d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
-    const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Split<S, U, R, P, W>, NT>, dim3(blocks),
-                        dim3(R * S * 32), 0, s, a);
+    using Sp = Split<S, U, R, P, W>;
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT>,
+                        dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
   };
   return d;
 }
@@ -73,9 +74,9 @@ Design design_frag() {
     const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
     ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
                         dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
-    const unsigned blocks = unsigned(((a.N + 15) / 16 + R * W - 1) / (R * W));
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Split<S, U, R, false, W>, NT, true>,
-                        dim3(blocks), dim3(R * S * 32), 0, s, a);
+    using Sp = Split<S, U, R, false, W>;
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, true>,
+                        dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
   };
   return d;
 }

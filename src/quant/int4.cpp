@@ -17,7 +17,7 @@ bool int4_quantizable(const WeightSpec& w) {
 bool int4_allowed(const WeightSpec& w) { return int4_quantizable(w) || (w.layer < 0 && w.name == "lm_head"); }
 
 QuantConfig plan_int4(const WeightTable& table, int64_t g, const std::string& flag, bool lm_head) {
-  if (g < kInt4MinGroup || g > kInt4MaxGroup || (g & (g - 1)) != 0)
+  if (!int4_kernel_group(g))
     throw Error(flag + " " + std::to_string(g) + " is not a power of two in [" + std::to_string(kInt4MinGroup) + ", " +
                 std::to_string(kInt4MaxGroup) + "]");
   QuantConfig q;
@@ -81,7 +81,7 @@ std::string int4_group_problem(int64_t g, int64_t cols) {
 }
 
 int64_t int4_runtime_group(int64_t g, const std::vector<int64_t>& cols) {
-  if (g >= kInt4MinGroup && g <= kInt4MaxGroup && (g & (g - 1)) == 0) return g;
+  if (int4_kernel_group(g)) return g;
   for (int64_t r = kInt4MaxGroup; r >= kInt4MinGroup; r /= 2)
     if (!cols.empty() && std::all_of(cols.begin(), cols.end(), [&](int64_t c) { return (g < 0 ? c : g) % r == 0 && c % r == 0; }))
       return r;

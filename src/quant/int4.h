@@ -26,6 +26,11 @@ inline constexpr const char* kInt4ScalesSuffix = ".scales";
 inline constexpr const char* kInt4ZerosSuffix = ".zeros";
 inline constexpr const char* kInt4PermSuffix = ".perm";
 inline constexpr int64_t kInt4MinGroup = 32, kInt4MaxGroup = 256;
+// The groups every backend's kernels take (and --group-size's rule): a power of two in
+// [kInt4MinGroup, kInt4MaxGroup]. The published formats allow more (int4_group_problem).
+inline constexpr bool int4_kernel_group(int64_t g) {
+  return g >= kInt4MinGroup && g <= kInt4MaxGroup && (g & (g - 1)) == 0;
+}
 
 // How an engine's weights are quantized (absent: none). Engine files record it as
 // weights.quantization (docs/quantization.md).

@@ -96,8 +96,9 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   } else if (!s.model_dir.empty()) {
     model_spec_ = load_model_spec(s.model_dir);
     dtype_ = build_dtype(s.model_dir, model_spec_, requested);
-    published_ = read_published_quant(s.model_dir).has_value();  // its fields checked before any tensor is read
-    if (published_ && s.int4_group_size)
+    // Its fields checked before any tensor is read.
+    if (const std::optional<PublishedQuant> q = read_published_quant(s.model_dir)) published_group_ = q->group_size;
+    if (published_group_ && s.int4_group_size)
       throw Error("--quantize: " + s.model_dir + " is already quantized (config.json has a quantization_config); "
                   "run it without --quantize");
   } else {
@@ -113,7 +114,7 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   }
   // The device, and --activations against it and the weights. An explicit device's activations are
   // checked first, so a value no GPU run takes is named the same in a build without CUDA.
-  const bool int4 = s.int4_group_size || published_ || (file_ && file_->quant);
+  const bool int4 = s.int4_group_size || published_group_ || (file_ && file_->quant);
   const bool named = s.device == "cpu" || s.device == "cuda";  // resolves to itself (or is refused)
   // The CUDA kernels take groups of a power of two from 32 values (int4_linear.cu reads 32 values of
   // one group per 16-byte load); the published formats also allow whole-row and other even groups,
@@ -121,18 +122,17 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   auto check_cuda_groups = [&] {
     std::optional<int64_t> group;
     std::string what;
-    if (published_) {  // the groups the build gives it (engine.cpp)
-      group = int4_runtime_group(read_published_quant(s.model_dir)->group_size,
-                                 int4_quantizable_cols(weight_table(model_spec_)));
+    if (published_group_) {  // the groups the build gives it (engine.cpp)
+      group = int4_runtime_group(*published_group_, int4_quantizable_cols(weight_table(model_spec_)));
       what = s.model_dir + " (config.json: quantization_config.group_size)";
     } else if (file_ && file_->quant) {
       group = file_->quant->group_size;
       what = s.engine_path + " (weights.quantization.group_size)";
     }
-    if (group && (*group < 32 || (*group & (*group - 1)) != 0))
+    if (group && !int4_kernel_group(*group))
       throw Error("cuda backend: " + what + " has INT4 groups of " +
                   (*group < 0 ? std::string("a whole row") : std::to_string(*group) + " values") +
-                  "; the CUDA kernels take powers of two from 32; run it with --device cpu");
+                  "; the CUDA kernels take powers of two in [32, 256]; run it with --device cpu");
   };
   if (named) activation_dtype_ = resolve_activations(s.activations, s.device, dtype_, int4);
   if (s.device == "cuda") check_cuda_groups();  // said the same in a build without CUDA
@@ -170,7 +170,7 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
   if (rt.tp != 1) {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
-    if (ls_.int4_group_size || published_ || (file_ && file_->quant))
+    if (ls_.int4_group_size || published_group_ || (file_ && file_->quant))
       throw Error(flag + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
     if (activation_dtype_ != dtype_ && device_ == "cuda")
       throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "

@@ -85,7 +85,8 @@ class LoadPlan {
   std::optional<EngineFileInfo> file_;
   std::optional<TpEngineDir> dir_;
   std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
-  bool published_ = false;  // a checkpoint folder with a quantization_config (io/quantized_checkpoint.h)
+  // A checkpoint folder with a quantization_config (io/quantized_checkpoint.h): its group_size.
+  std::optional<int64_t> published_group_;
   std::string device_;
   // The largest --tp fit() was given (bench fits once per run, all with the same --tp): picks the GPU.
   mutable int tp_ = 1;

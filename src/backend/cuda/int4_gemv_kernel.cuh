@@ -214,6 +214,13 @@ struct Split {
   static constexpr bool P = P_;
 };
 
+// The grid of kernel<T, Sp, NT, X, Out> for a call: one block per R x W tiles of Out::kSpan outputs.
+template <class Sp, class Out>
+inline unsigned grid_blocks(const Args& a) {
+  const unsigned tiles = unsigned((Out::outputs(a) + Out::kSpan - 1) / Out::kSpan);
+  return (tiles + Sp::R * Sp::W - 1) / (Sp::R * Sp::W);
+}
+
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
