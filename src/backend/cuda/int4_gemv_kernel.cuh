@@ -132,9 +132,15 @@ struct Pair {
 
 // Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T, low half value c:
 // round((nibble - zero) * scale). zm holds (2^e + zero) in both halves, s2 the scale in both.
+// The mask and the pattern go through one lop3.b32 ((a & b) | c: 0xea): written as C, ptxas emits an
+// AND and an OR (a LOP3 takes one immediate; the 2026-12-03 SASS of the one-token instance had 68
+// LOP3 a load where 32 do), and a nibble pair costs a shift, one LOP3, HADD2 and HMUL2.
 template <typename T>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
-  const uint32_t q = ((word >> shift) & 0x000f000fu) | (Pair<T>::kMagic * 0x00010001u);
+  uint32_t q;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;"
+      : "=r"(q)
+      : "r"(word >> shift), "n"(0x000f000f), "n"(Pair<T>::kMagic * 0x00010001u));
   return Pair<T>::sub_mul(q, zm, s2);
 }
 
