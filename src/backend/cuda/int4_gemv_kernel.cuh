@@ -58,6 +58,14 @@ constexpr int kMaxTokens = 8;         // the MMA's B columns: one token block
 constexpr int kPrefetchBytes = 2048;  // per row, into L2 before the dependency wait
 constexpr int kFragBlocks = 4;        // from this many token blocks on, x is read in fragment order
 
+// The MMA's B fragment (k slots 2t, 2t+1 | 2t+8, 2t+9) for pair h of a word of x, r0..r3 holding its
+// columns (0,1) (2,3) (4,5) (6,7): columns (2h, 2h+4) and (2h+1, 2h+5), as the A fragment pairs the
+// nibbles (a_fragment below).
+__device__ __forceinline__ void b_fragments(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, int h, uint32_t (&B)[2]) {
+  const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;
+  B[0] = __byte_perm(lo, hi, 0x5410), B[1] = __byte_perm(lo, hi, 0x7632);
+}
+
 // The token blocks (NT) of the instance that takes T = 1..64 tokens: 1, 2, 4 or 8.
 inline constexpr int token_blocks(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
@@ -84,8 +92,11 @@ struct Args {
 // lane's 16-byte load of token block b takes 8 rows' bytes (two 128-byte lines each, a quarter of
 // which it uses), and at 4 and 8 blocks those loads, not the math, set the time. Reordered once per
 // product, 16 bytes for lane (g, t) of quad q (columns 128q .. 128q + 127), word j and block b at
-// index ((q * 4 + j) * NT + b) * 32 + 4g + t: x[8b + g] at columns 128q + 32t + 8j .. + 7 (zeros past
-// T or K), so a warp's load is 512 contiguous bytes.
+// index ((q * 4 + j) * NT + b) * 32 + 4g + t: x[8b + g] at columns c = 128q + 32t + 8j .. + 7 (zeros
+// past T or K), so a warp's load is 512 contiguous bytes, already paired as the MMA's B fragments
+// take them (b_fragments below): (c, c+4) (c+1, c+5) (c+2, c+6) (c+3, c+7), i.e. both fragments of
+// h = 0 then of h = 1. The kernel then needs no byte permutes of x (at 8 blocks they were 128 a slot,
+// as many instructions as the dequantization's).
 inline constexpr int64_t xfrag_bytes(int64_t K, int NT) { return (K + 127) / 128 * 4 * NT * 32 * 16; }
 
 template <int NT>
@@ -102,7 +113,10 @@ __global__ void xfrag_kernel(Args a, uint4* xf) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (tok < a.T && col < a.K)
     v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(tok) * a.x_ld + col);
-  xf[i] = v;
+  uint32_t B0[2], B1[2];
+  b_fragments(v.x, v.y, v.z, v.w, 0, B0);
+  b_fragments(v.x, v.y, v.z, v.w, 1, B1);
+  xf[i] = make_uint4(B0[0], B0[1], B1[0], B1[1]);
 }
 
 // The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
@@ -247,8 +261,11 @@ inline unsigned grid_blocks(const Args& a) {
 // x loads of a word (NT x 16 bytes) and the B fragments built from them feed the W tiles' MMAs: a
 // tile reads all of x once, so at 16-64 tokens x is most of what the tiles read (from L2: 64 tokens
 // of K = 4096 are 512 KB a tile against the tile's 32 KB of weights), and W tiles a warp divide it
-// by W. Out: PlainOut or SwigluOut (above; the row numbers here are PlainOut's).
-template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut>
+// by W. Out: PlainOut or SwigluOut (above; the row numbers here are PlainOut's). kZeros false: for
+// weights without zero points (symmetric, zero 8; a.zeros null) the instance loads none and its
+// 2^e + 8 pattern is a constant, which takes a byte load, a broadcast and a test per slot and row off
+// the loop; true reads a.zeros where it is set.
+template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true>
 __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
   constexpr bool kPipe = Sp::P;
@@ -286,8 +303,8 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   for (int w = 0; w < W; ++w) {
     sca[w] = static_cast<const T*>(a.scales) + int64_t(na[w]) * a.s_ld;
     scb[w] = static_cast<const T*>(a.scales) + int64_t(nb[w]) * a.s_ld;
-    zra[w] = a.zeros ? a.zeros + int64_t(na[w]) * a.s_ld : nullptr;
-    zrb[w] = a.zeros ? a.zeros + int64_t(nb[w]) * a.s_ld : nullptr;
+    zra[w] = kZeros && a.zeros ? a.zeros + int64_t(na[w]) * a.s_ld : nullptr;
+    zrb[w] = kZeros && a.zeros ? a.zeros + int64_t(nb[w]) * a.s_ld : nullptr;
   }
   // Token g's row of x: lanes past the call's tokens read nothing and multiply zeros.
   const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
@@ -319,9 +336,13 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         Slot& sw = sl[u * W + w];
-        const uint32_t za = ok && zra[w] ? uint32_t(zra[w][grp]) : 8u, zb = ok && zrb[w] ? uint32_t(zrb[w][grp]) : 8u;
-        sw.zma = (Pair<T>::kMagic | za) * 0x00010001u;
-        sw.zmb = (Pair<T>::kMagic | zb) * 0x00010001u;
+        if constexpr (kZeros) {
+          const uint32_t za = ok && zra[w] ? uint32_t(zra[w][grp]) : 8u, zb = ok && zrb[w] ? uint32_t(zrb[w][grp]) : 8u;
+          sw.zma = (Pair<T>::kMagic | za) * 0x00010001u;
+          sw.zmb = (Pair<T>::kMagic | zb) * 0x00010001u;
+        } else {
+          sw.zma = sw.zmb = (Pair<T>::kMagic | 8u) * 0x00010001u;
+        }
         sw.sa = ok ? bits_of(sca[w][grp]) * 0x00010001u : 0u;
         sw.sb = ok ? bits_of(scb[w][grp]) * 0x00010001u : 0u;
       }
@@ -351,7 +372,9 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
           kFragX ? static_cast<const uint4*>(a.xf) + int64_t((step * S + part) * U + u) * (4 * NT * 32) + lane : nullptr;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        uint4 xw[NT];  // token block b's x at columns 8j .. 8j + 7 of piece p
+        // Token block b's x at columns 8j .. 8j + 7 of piece p: kFragX already as the B fragments of
+        // h = 0 (x, y) and h = 1 (z, w), else as read from [T, K] (pairs of columns).
+        uint4 xw[NT];
 #pragma unroll
         for (int b = 0; b < NT; ++b) {
           if constexpr (kFragX) xw[b] = xq[(j * NT + b) * 32];
@@ -362,8 +385,11 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
           uint32_t B[NT][2];  // token block b's B fragment, shared by the W tiles
 #pragma unroll
           for (int b = 0; b < NT; ++b) {
-            const uint32_t lo = h ? xw[b].y : xw[b].x, hi = h ? xw[b].w : xw[b].z;
-            B[b][0] = __byte_perm(lo, hi, 0x5410), B[b][1] = __byte_perm(lo, hi, 0x7632);
+            if constexpr (kFragX) {
+              B[b][0] = h ? xw[b].z : xw[b].x, B[b][1] = h ? xw[b].w : xw[b].y;
+            } else {
+              b_fragments(xw[b].x, xw[b].y, xw[b].z, xw[b].w, h, B[b]);
+            }
           }
 #pragma unroll
           for (int w = 0; w < W; ++w) {
@@ -396,8 +422,9 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
         for (int h = 0; h < 2; ++h) {
           uint32_t A[4];
           a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
-          const uint32_t lo = h ? r1 : r0, hi = h ? r3 : r2;  // x columns (8j+2h, +1) and (8j+2h+4, +5)
-          mma::Mma<T>::run(acc[h], A, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
+          uint32_t B[2];
+          b_fragments(r0, r1, r2, r3, h, B);
+          mma::Mma<T>::run(acc[h], A, B[0], B[1]);
         }
       }
     }
