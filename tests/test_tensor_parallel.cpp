@@ -373,6 +373,56 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
                          });
 
+// TP = 8 (and 4) on every fixture family's architecture: the fixtures have 4 query heads, too few for
+// 8 ranks, so each family's spec is widened to 8 query heads (keeping its 1 or 2 KV heads: every KV head
+// replicated over 4 or 8 ranks) and, for Qwen3.5, 8 linear-attention value heads over its key heads,
+// with random weights; the split model against one rank as MatchesOneRank does (prefill logits within
+// the f32 tolerance, every rank's bitwise equal, greedy tokens and two-row decode identical).
+class TensorParallelWide : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TensorParallelWide, MatchesOneRank) {
+  const auto& [name, world] = GetParam();
+  ModelSpec s = load_model_spec(test::fixture(name));
+  const int64_t kv_before = s.kv_heads;
+  s.heads = 8;
+  s.intermediate = 8 * ((s.intermediate + 7) / 8);
+  if (s.has_linear_layers()) s.linear.v_heads = 8;
+  ASSERT_LT(s.kv_heads, world) << "the case is meant to replicate KV heads";
+  Engine eng = random_engine(s, DType::F32, 5);
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 24;
+  auto be1 = make_cpu_backend(), be = make_cpu_backend();
+  Model one(eng, *be1, rt);
+  rt.tp = world;
+  Model tp(eng, *be, rt);
+  ASSERT_EQ(tp.tp_world(), world);
+  const ModelSpec rs = rank_spec(eng.spec, world, world - 1);
+  EXPECT_EQ(rs.kv_heads, 1) << "rank " << world - 1 << " of " << world << " holds one (replicated) KV head of "
+                            << kv_before;
+  EXPECT_EQ(tp.state().bytes(), State::bytes(rs, tp.plan().options, DType::F32).value());
+
+  Batch b;
+  b.rows.push_back(BatchRow{0, {1, 2, 3, 40, 41, 42, 7, 9, 11}, 0, {}, true});
+  b.rows.push_back(BatchRow{1, {5, 6, 8, 10}, 0, {}, true});
+  const HostTensor want = one.forward(b);
+  const std::vector<HostTensor> got = tp.forward_ranks(b);
+  ASSERT_EQ(got.size(), size_t(world));
+  expect_close(want, got[0], name + " widened, tp " + std::to_string(world));
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(std::memcmp(got[0].data(), got[size_t(r)].data(), got[0].nbytes()), 0) << "rank " << r << " differs from rank 0";
+  EXPECT_EQ(greedy(one, {3, 4, 5, 6, 7}, 10), greedy(tp, {3, 4, 5, 6, 7}, 10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelWide,
+                         ::testing::Values(std::tuple{"llama3", 8}, std::tuple{"qwen2", 8}, std::tuple{"qwen3", 8},
+                                           std::tuple{"qwen3_swa", 8}, std::tuple{"qwen3_5_text", 8},
+                                           std::tuple{"qwen3_5_wrapped", 4}, std::tuple{"qwen3_5_wrapped", 8},
+                                           std::tuple{"qwen3_5_pattern", 4}, std::tuple{"qwen3_5_pattern", 8}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
+                         });
+
 // A vocabulary that is not a multiple of the ranks: the last rank's LM-head rows are padded, and the
 // padding never reaches the logits.
 TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
