@@ -80,7 +80,11 @@ void add_build(CLI::App& app) {
     // The split is checked against the model before the output is touched or any weight is read.
     if (a->tp != 1) {
       check_tensor_parallel(spec, a->tp, "build --tp");
-      if (!a->quantize.empty()) throw Error("build --tp " + std::to_string(a->tp) + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+      if (!a->quantize.empty())
+        throw Error("build --tp " + std::to_string(a->tp) +
+                    ": an engine directory of INT4 weights is not implemented yet; build one engine file (`ingot "
+                    "build --quantize int4 -o F`) and run it with --engine F --tp " +
+                    std::to_string(a->tp) + ", which splits it at load (docs/tensor-parallel.md)");
       check_engine_dir_output(a->output, a->tp, a->force, inputs);
     } else {
       check_output_path(a->output, "-o", a->force, inputs);

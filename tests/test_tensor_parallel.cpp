@@ -156,10 +156,16 @@ TEST(TensorParallelSplit, RefusesWhatDoesNotSplitNamingTheFlagAndField) {
   check_tensor_parallel(dense_spec(4, 2, 128), 4);
 }
 
-TEST(TensorParallelSplit, RefusesInt4Engines) {
+// INT4 column cuts take whole groups: a rank's share of o_proj's input that would cut a group is
+// refused naming the weight, the rank's columns and the group size (the fixture: 4 heads of 16, so 2
+// ranks hold 32 columns of o_proj's 64 each: groups of 64 cannot split).
+TEST(TensorParallelSplit, RefusesInt4ColumnCutsThatSplitAGroup) {
   Engine e = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 1);
-  quantize_engine_int4(e, 32);
-  test::expect_error([&] { shard_engine(e, 2, 0); }, {"--tp 2", "INT4"});
+  quantize_engine_int4(e, 64);
+  test::expect_error([&] { shard_engine(e, 2, 1); }, {"--tp 2", "INT4 weight", ".wo", "columns 32..63", "groups of 64"});
+  Engine g32 = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 1);
+  quantize_engine_int4(g32, 32);
+  EXPECT_NO_THROW(shard_engine(g32, 2, 1));
 }
 
 // --- the streamed slice: one rank's weights built alone (runtime/tp_split.h) ---
@@ -245,7 +251,8 @@ TEST(StreamedSlice, RefusesInt4) {
   BuildOptions o;
   o.int4_group_size = 32;
   test::expect_error([&] { build_rank_engine(test::fixture("llama3"), o, 2, 0); }, {"--tp 2", "INT4"});
-  test::expect_error([&] { build_rank_engine(test::fixture("int4/gptq_v1_sym_g32"), {}, 2, 0); }, {"INT4", "cannot be split"});
+  test::expect_error([&] { build_rank_engine(test::fixture("int4/gptq_v1_sym_g32"), {}, 2, 0); },
+                     {"INT4", "one rank's share", "build the whole engine"});
 }
 
 // --- whole models against TP=1 ---
@@ -423,6 +430,81 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelWide,
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
                          });
 
+// INT4 engines split over ranks (shard_engine: the packed rows with their scales and zeros, whole
+// groups of columns): the split model against the same INT4 engine on one rank (prefill logits within
+// the f32 tolerance, every rank's bitwise equal, greedy tokens identical) and, for the published-format
+// fixtures, the transformers reference of their dequantized weights through every forward path.
+// Fixtures whose split would cut a group (groups of 64 and whole rows re-expressed as 64 against
+// o_proj's 32 columns a rank) or an act-order weight's columns are refused, naming which.
+void expect_int4_split_matches(const Engine& eng, int world, const std::string& what, const Reference* ref) {
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = ref ? reference_capacity(*ref) : 24;
+  if (ref) rt.max_batch = int(ref->rows());
+  auto be1 = make_cpu_backend(), be = make_cpu_backend();
+  Model one(eng, *be1, rt);
+  rt.tp = world;
+  Model tp(eng, *be, rt);
+  ASSERT_EQ(tp.tp_world(), world);
+  Batch b;
+  b.rows.push_back(BatchRow{0, {1, 2, 3, 40, 41, 42, 7, 9, 11}, 0, {}, true});
+  b.rows.push_back(BatchRow{1, {5, 6, 8, 10}, 0, {}, true});
+  const HostTensor want = one.forward(b);
+  const std::vector<HostTensor> got = tp.forward_ranks(b);
+  ASSERT_EQ(got.size(), size_t(world));
+  expect_close(want, got[0], what);
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(std::memcmp(got[0].data(), got[size_t(r)].data(), got[0].nbytes()), 0) << what << ": rank " << r;
+  EXPECT_EQ(greedy(one, {3, 4, 5, 6, 7}, 10), greedy(tp, {3, 4, 5, 6, 7}, 10)) << what;
+  if (!ref) return;
+  CheckOptions co;
+  for (const CaseResult& c : run_reference_check(tp, *ref, co)) {
+    SCOPED_TRACE(what + " " + c.mode);
+    EXPECT_TRUE(c.allclose) << "max |dlogit| " << c.max_abs;
+    EXPECT_EQ(c.agree, c.total);
+    EXPECT_GT(c.total, 0);
+  }
+}
+
+TEST(TensorParallelInt4, PublishedFormatsSplitOrAreRefusedNamingWhy) {
+  int split = 0;
+  for (const std::string name : {"awq_gemm_g32", "ct_channel_asym", "ct_channel_sym_qwen2", "ct_group_asym_g64",
+                                 "ct_group_sym_g32_qwen3", "gptq_v1_asym_actorder_g32", "gptq_v1_sym_g32",
+                                 "gptq_v2_asym_row_qwen2", "gptq_v2_sym_actorder_g64_qwen3"}) {
+    const std::string dir = test::fixture("int4/" + name);
+    const Engine eng = build_engine(dir);
+    ASSERT_TRUE(eng.quant) << name;
+    const QuantConfig& q = *eng.quant;
+    // What the split must do: refuse act-order (o_proj and down are cut by columns), and group sizes
+    // that do not divide a rank's 32 o_proj columns; split the rest.
+    const bool refuse = q.act_order || 32 % q.group(eng.spec.heads * eng.spec.head_dim) != 0;
+    if (refuse) {
+      test::expect_error([&] { shard_engine(eng, 2, 0); },
+                         {"--tp 2", "INT4 weight", q.act_order ? "act-order" : "cut its groups"});
+      continue;
+    }
+    ++split;
+    const Reference ref = load_reference(dir + "/reference.safetensors");
+    expect_int4_split_matches(eng, 2, name + " tp 2", &ref);
+  }
+  EXPECT_GE(split, 3) << "too few published-format fixtures split: the test would say little";
+}
+
+TEST(TensorParallelInt4, RoundToNearestSplitsOnEveryFamily) {
+  for (const std::string name : {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text"}) {
+    Engine eng = random_engine(load_model_spec(test::fixture(name)), DType::F32, 3);
+    quantize_engine_int4(eng, 32);
+    expect_int4_split_matches(eng, 2, name + " RTN g32 tp 2", nullptr);
+  }
+  // An untied INT4 LM head, split by the vocabulary like the 16-bit one.
+  Engine head = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 4);
+  quantize_engine_int4(head, 32, "--group-size", true);
+  ASSERT_TRUE(head.find("lm_head.scales"));
+  expect_int4_split_matches(head, 2, "llama3 INT4 LM head tp 2", nullptr);
+  const Engine r1 = shard_engine(head, 2, 1);
+  EXPECT_EQ(r1.get("lm_head").shape()[0], r1.spec.tp.vocab_rows);
+}
+
 // A vocabulary that is not a multiple of the ranks: the last rank's LM-head rows are padded, and the
 // padding never reaches the logits.
 TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
@@ -476,6 +558,26 @@ TEST(TensorParallelCli, CheckPassesAtTp2) {
   const std::string cmd = std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + test::fixture("qwen3") +
                           " --reference " + test::fixture("qwen3") + "/reference.safetensors > /dev/null 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// A published INT4 folder split over two ranks from the command line: the transformers reference of its
+// dequantized weights passes (the whole engine is built, then sliced: TpGroup::make). A rank process
+// building its own share from a folder is refused naming the way round it.
+TEST(TensorParallelCli, Int4CheckPassesAtTp2) {
+  const std::string dir = test::fixture("int4/gptq_v1_sym_g32");
+  const std::string cmd = std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + dir + " --reference " +
+                          dir + "/reference.safetensors > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string procs = "INGOT_TP_PROCESSES=1 " + std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " +
+                            dir + " --reference " + dir + "/reference.safetensors 2>&1";
+  std::string out;
+  FILE* p = ::popen(procs.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_NE(::pclose(p), 0) << out;
+  for (const char* f : {"--tp 2", "INT4", "each rank process would build its own share", "--engine F"})
+    EXPECT_NE(out.find(f), std::string::npos) << "'" << f << "' missing from: " << out;
 }
 
 }  // namespace

@@ -355,9 +355,11 @@ Engine build_engine(const std::string& dir, const BuildOptions& o) {
   eng.weight_dtype = build_dtype(dir, spec, o.dtype);
   if (o.quantize_lm_head && !o.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
   if (o.int4_group_size) quant = plan_int4(table, *o.int4_group_size, "--group-size", o.quantize_lm_head);
-  // A sink (a tensor-parallel rank's slice) takes plain weights only; INT4 ones are not split yet.
+  // A sink (a tensor-parallel rank's own build) takes plain weights only: INT4 ones are split from the
+  // whole engine (shard_engine).
   if (o.sink && quant)
-    throw Error(dir + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+    throw Error(dir + ": INT4 weights cannot be built one rank's share at a time; build the whole engine and split "
+                      "it (docs/tensor-parallel.md)");
   bool rounded = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     const WeightSpec& w = table.entries()[i];

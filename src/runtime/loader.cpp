@@ -170,8 +170,7 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
   if (rt.tp != 1) {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
-    if (ls_.int4_group_size || published_group_ || (file_ && file_->quant))
-      throw Error(flag + ": INT4 weights cannot be split over ranks yet (docs/tensor-parallel.md)");
+    const bool int4 = ls_.int4_group_size || published_group_ || (file_ && file_->quant);
     if (activation_dtype_ != dtype_ && device_ == "cuda")
       throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "
                   "weights' dtype only (not implemented for f32 over 16-bit weights yet); drop one of the two");
@@ -183,7 +182,15 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
     // Ranks as processes: this process builds (or loads from an engine directory) its own rank's slice
     // alone, so its rank is read from the environment now, before the group is started (make_model).
     // A single engine file is still mapped whole and sliced at load (TpGroup::make).
-    if ((dir_ || !file_) && tp_ranks_are_processes(device_ == "cuda")) slice_rank_ = tp_rank_from_environment(rt.tp);
+    const bool own_slice = (dir_ || !file_) && tp_ranks_are_processes(device_ == "cuda");
+    // INT4 splits where the whole engine is sliced (TpGroup::make: threads, or an engine file); a rank
+    // process building its own share from a folder would have to quantize or convert it alone.
+    if (int4 && own_slice && !dir_)
+      throw Error(flag + ": INT4 weights are split from a whole engine, and here each rank process would build its "
+                         "own share from the folder (not implemented yet); build an engine file first (`ingot build "
+                         "--quantize int4 -o F`, or from the quantized folder) and run --engine F " + flag +
+                  " (docs/tensor-parallel.md)");
+    if (own_slice) slice_rank_ = tp_rank_from_environment(rt.tp);
   }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
   // With ranks as processes the host holds this rank's slice (rank_spec), not the whole model.
@@ -275,7 +282,7 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     LoadedEngine le = load_engine(s.engine_path, lo);
     l.engine = std::make_unique<Engine>(std::move(le.engine));
     l.engine_file = std::move(le.info);
-  } else if (rank >= 0 && !s.model_dir.empty()) {  // INT4 was refused for --tp by fit()
+  } else if (rank >= 0 && !s.model_dir.empty()) {  // INT4 was refused here by fit()
     l.shards.push_back(build_rank_engine(s.model_dir, bo, plan.tp_, rank));
     whole_spec_only(l.shards[0].provenance);
   } else if (rank >= 0) {

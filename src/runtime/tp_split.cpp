@@ -56,34 +56,41 @@ HostTensor copy_of(const HostTensor& t) {
   return out;
 }
 
-// The slice must be what the rank spec's table says, weight for weight.
+// The slice must be what the rank spec's table says, weight for weight (with an INT4 engine's packed
+// weights and their scales, zeros and perms: engine_tensor_shapes).
 void check_slice(const Engine& out, int rank) {
-  const ModelSpec& s = out.spec;
-  const WeightTable rank_table = find_family(s.family).weights(s);
-  if (rank_table.entries().size() != out.weights.size())
+  const auto want = engine_tensor_shapes(out.spec, out.weight_dtype, out.quant ? &*out.quant : nullptr);
+  if (want.size() != out.weights.size())
     throw Error("tensor parallel: rank " + std::to_string(rank) + "'s slice holds " + std::to_string(out.weights.size()) +
-                " weights; its table lists " + std::to_string(rank_table.entries().size()));
-  for (const WeightSpec& w : rank_table.entries()) {
-    const HostTensor* t = out.find(w.name);
-    if (!t || t->shape() != w.shape)
-      throw Error("tensor parallel: rank " + std::to_string(rank) + "'s slice of '" + w.name + "' has shape " +
-                  (t ? shape_str(t->shape()) : std::string("(missing)")) + "; its table says " + shape_str(w.shape));
+                " weights; its table lists " + std::to_string(want.size()));
+  for (const auto& [name, sd] : want) {
+    const HostTensor* t = out.find(name);
+    if (!t || t->shape() != sd.first || t->dtype() != sd.second)
+      throw Error("tensor parallel: rank " + std::to_string(rank) + "'s slice of '" + name + "' has shape " +
+                  (t ? shape_str(t->shape()) : std::string("(missing)")) + "; its table says " + shape_str(sd.first));
   }
 }
 
 std::string int4_refusal(int world) {
-  return "--tp " + std::to_string(world) + ": INT4 engines cannot be split over ranks yet (docs/tensor-parallel.md)";
+  return "--tp " + std::to_string(world) + ": a rank's own build of INT4 weights is not implemented yet (each rank "
+         "would quantize or convert its share alone); build the engine file first (`ingot build --quantize int4` or "
+         "from the quantized folder) and run that file with --tp (docs/tensor-parallel.md)";
 }
 
 }  // namespace
 
-void add_rank_weight(const ModelSpec& f, const WeightSpec& w, const HostTensor& t, int world, int rank, bool own,
-                     Engine& out) {
-  const auto keep = [&](const HostTensor& whole) { return own ? copy_of(whole) : borrow(whole); };
-  if (world == 1) {
-    out.weights.emplace(w.name, keep(t));
-    return;
-  }
+namespace {
+
+// How a weight is split: kept whole, rows (output features) by spans, columns (input features) by one
+// span, or kept by rank 0 only (zeros elsewhere: a row-parallel bias, added once by the all-reduce).
+// `tied_head`: the whole embedding also gives the rank's LM-head rows (a tied model).
+struct Cut {
+  enum Kind { Keep, Rows, Cols, RankZero } kind = Keep;
+  std::vector<Span> spans;
+  bool tied_head = false;
+};
+
+Cut split_rule(const ModelSpec& f, const WeightSpec& w, int world, int rank) {
   const ModelSpec s = rank_spec(f, world, rank);
   const int64_t D = f.head_dim, Q = f.q_dim(), KV = f.kv_dim(), I = f.intermediate;
   const RankHeads a = rank_heads(f.heads, f.kv_heads, world, rank);
@@ -96,49 +103,112 @@ void add_rank_weight(const ModelSpec& f, const WeightSpec& w, const HostTensor& 
   const Span lk{l.kv.first * la.k_dim, l.kv.count * la.k_dim}, lv{l.q.first * la.v_dim, l.q.count * la.v_dim};
   const std::vector<Span> lin_qkv = {lk, {LK + lk.first, lk.count}, {2 * LK + lv.first, lv.count}};
   const Span vocab{rank * s.tp.vocab_rows, s.tp.vocab_rows};
+  const auto rows = [](std::vector<Span> v) { return Cut{Cut::Rows, std::move(v)}; };
+  const auto cols = [](Span c) { return Cut{Cut::Cols, {c}}; };
 
-  HostTensor part;
-  if (w.model_field == &ModelWeights::lm_head) {
-    part = take_rows(t, {vocab});
-  } else if (w.model_field) {  // the embedding and the final norm
-    part = keep(t);
+  if (w.model_field == &ModelWeights::lm_head) return rows({vocab});
+  if (w.model_field) {  // the embedding and the final norm
+    Cut c;
     // Tied embeddings: the embedding stays whole, and each rank's LM head is its rows of it.
-    if (w.name == "tok_embeddings" && f.tie_embeddings)
-      out.weights.emplace("lm_head", take_rows(t, {vocab}));
-  } else {
-    const auto field = w.layer_field;
-    if (field == &LayerWeights::attn_norm || field == &LayerWeights::mlp_norm || field == &LayerWeights::q_norm ||
-        field == &LayerWeights::k_norm || field == &LayerWeights::lin_norm) {
-      part = keep(t);  // per hidden unit or per head dim: the same on every rank
-    } else if (field == &LayerWeights::wqkv || field == &LayerWeights::bqkv) {
-      // [q | k | v (| gate)] rows: this rank's query heads, the KV heads they read, their gates.
-      std::vector<Span> spans = {q, {Q + kv.first, kv.count}, {Q + KV + kv.first, kv.count}};
-      if (f.attn_gate) spans.push_back({Q + 2 * KV + q.first, q.count});
-      part = take_rows(t, spans);
-    } else if (field == &LayerWeights::wo) {
-      part = take_cols(t, q);
-    } else if (field == &LayerWeights::bo) {
-      part = rank == 0 ? keep(t) : HostTensor(t.dtype(), t.shape());
-    } else if (field == &LayerWeights::w_gate_up) {
-      part = take_rows(t, {inter, {I + inter.first, inter.count}});
-    } else if (field == &LayerWeights::w_down) {
-      part = take_cols(t, inter);
-    } else if (field == &LayerWeights::lin_in) {
-      // [q | k | v | z | b | a] rows: this rank's value heads, the key heads they read.
-      std::vector<Span> spans = lin_qkv;
-      spans.push_back({LC + lv.first, lv.count});
-      spans.push_back({LC + LV + l.q.first, l.q.count});
-      spans.push_back({LC + LV + LH + l.q.first, l.q.count});
-      part = take_rows(t, spans);
-    } else if (field == &LayerWeights::lin_conv) {
-      part = take_rows(t, lin_qkv);  // one conv filter per channel of q | k | v
-    } else if (field == &LayerWeights::lin_a_log || field == &LayerWeights::lin_dt_bias) {
-      part = take_rows(t, {{l.q.first, l.q.count}});
-    } else if (field == &LayerWeights::lin_out) {
-      part = take_cols(t, lv);
-    } else {
-      throw Error("tensor parallel: no split rule for weight '" + w.name + "'");
+    if (w.name == "tok_embeddings" && f.tie_embeddings) {
+      c.tied_head = true;
+      c.spans = {vocab};
     }
+    return c;
+  }
+  const auto field = w.layer_field;
+  if (field == &LayerWeights::attn_norm || field == &LayerWeights::mlp_norm || field == &LayerWeights::q_norm ||
+      field == &LayerWeights::k_norm || field == &LayerWeights::lin_norm)
+    return {};  // per hidden unit or per head dim: the same on every rank
+  if (field == &LayerWeights::wqkv || field == &LayerWeights::bqkv) {
+    // [q | k | v (| gate)] rows: this rank's query heads, the KV heads they read, their gates.
+    std::vector<Span> spans = {q, {Q + kv.first, kv.count}, {Q + KV + kv.first, kv.count}};
+    if (f.attn_gate) spans.push_back({Q + 2 * KV + q.first, q.count});
+    return rows(spans);
+  }
+  if (field == &LayerWeights::wo) return cols(q);
+  if (field == &LayerWeights::bo) return Cut{Cut::RankZero, {}};
+  if (field == &LayerWeights::w_gate_up) return rows({inter, {I + inter.first, inter.count}});
+  if (field == &LayerWeights::w_down) return cols(inter);
+  if (field == &LayerWeights::lin_in) {
+    // [q | k | v | z | b | a] rows: this rank's value heads, the key heads they read.
+    std::vector<Span> spans = lin_qkv;
+    spans.push_back({LC + lv.first, lv.count});
+    spans.push_back({LC + LV + l.q.first, l.q.count});
+    spans.push_back({LC + LV + LH + l.q.first, l.q.count});
+    return rows(spans);
+  }
+  if (field == &LayerWeights::lin_conv) return rows(lin_qkv);  // one conv filter per channel of q | k | v
+  if (field == &LayerWeights::lin_a_log || field == &LayerWeights::lin_dt_bias) return rows({{l.q.first, l.q.count}});
+  if (field == &LayerWeights::lin_out) return cols(lv);
+  throw Error("tensor parallel: no split rule for weight '" + w.name + "'");
+}
+
+// An INT4 weight's share (quant/int4.h's tensors): the packed rows and their scales and zeros take the
+// same rows; a column cut takes whole groups (the packed bytes of its columns, the scales and zeros of
+// its groups), so each rank's values are the whole weight's, bit for bit. Refused, naming the weight,
+// the rank's columns and the group size: a column cut that is not whole groups, and one of an
+// act-order weight (its stored columns scatter over the input, so a rank's input range is no run of
+// them).
+void add_rank_int4(const Engine& e, const WeightSpec& w, const Cut& cut, int world, int rank, Engine& out) {
+  const QuantConfig& qc = *e.quant;
+  const std::string flag = "--tp " + std::to_string(world);
+  const HostTensor& packed = e.get(w.name);
+  const HostTensor& scales = e.get(w.name + kInt4ScalesSuffix);
+  const HostTensor* zeros = e.find(w.name + kInt4ZerosSuffix);
+  const HostTensor* perm = e.find(w.name + kInt4PermSuffix);
+  const int64_t in = w.shape.at(1), group = qc.group(in);
+  const auto keep = [](const HostTensor& t) { return borrow(t); };
+  HostTensor p, sc, z, pm;
+  if (cut.kind == Cut::Rows) {
+    p = take_rows(packed, cut.spans);
+    sc = take_rows(scales, cut.spans);  // padded rows: scale 0, so their values are exact zeros
+    if (zeros) z = take_rows(*zeros, cut.spans);
+    if (perm) pm = keep(*perm);
+  } else if (cut.kind == Cut::Cols) {
+    const Span c = cut.spans.at(0);
+    const std::string what = flag + ": INT4 weight '" + w.name + "' (rank " + std::to_string(rank) + "'s input columns " +
+                             std::to_string(c.first) + ".." + std::to_string(c.first + c.count - 1) + ")";
+    if (perm)
+      throw Error(what + " is act-order (desc_act: its stored columns are a permutation of the input), which cannot be "
+                         "split by input columns; run it without --tp");
+    const bool whole_row = qc.group_size < 0;  // one group a row, whatever the row's length
+    if (!whole_row && (c.first % group != 0 || c.count % group != 0))
+      throw Error(what + " would cut its groups of " + std::to_string(group) + " columns; every rank's share of the " +
+                  std::to_string(in) + " columns must be whole groups (a smaller --group-size, or fewer ranks)");
+    p = take_cols(packed, {c.first / 2, c.count / 2});
+    // One group a row (a whole-row group) stays as it is: the rank's columns share that scale.
+    const Span g = whole_row ? Span{0, 1} : Span{c.first / group, c.count / group};
+    sc = take_cols(scales, g);
+    if (zeros) z = take_cols(*zeros, g);
+  } else {
+    throw Error("tensor parallel: INT4 weight '" + w.name + "' has no split rule for INT4");
+  }
+  out.weights.emplace(w.name, std::move(p));
+  out.weights.emplace(w.name + kInt4ScalesSuffix, std::move(sc));
+  if (zeros) out.weights.emplace(w.name + kInt4ZerosSuffix, std::move(z));
+  if (perm) out.weights.emplace(w.name + kInt4PermSuffix, std::move(pm));
+}
+
+}  // namespace
+
+void add_rank_weight(const ModelSpec& f, const WeightSpec& w, const HostTensor& t, int world, int rank, bool own,
+                     Engine& out) {
+  const auto keep = [&](const HostTensor& whole) { return own ? copy_of(whole) : borrow(whole); };
+  if (world == 1) {
+    out.weights.emplace(w.name, keep(t));
+    return;
+  }
+  const Cut cut = split_rule(f, w, world, rank);
+  HostTensor part;
+  switch (cut.kind) {
+    case Cut::Keep:
+      part = keep(t);
+      if (cut.tied_head) out.weights.emplace("lm_head", take_rows(t, cut.spans));
+      break;
+    case Cut::Rows: part = take_rows(t, cut.spans); break;
+    case Cut::Cols: part = take_cols(t, cut.spans.at(0)); break;
+    case Cut::RankZero: part = rank == 0 ? keep(t) : HostTensor(t.dtype(), t.shape()); break;
   }
   out.weights.emplace(w.name, std::move(part));
 }
@@ -153,7 +223,6 @@ Engine borrowed_engine(const Engine& engine) {
 }
 
 Engine shard_engine(const Engine& engine, int world, int rank) {
-  if (engine.quant) throw Error(int4_refusal(world));
   const ModelSpec& f = engine.spec;
   if (world == 1) {
     Engine out = borrowed_engine(engine);
@@ -164,8 +233,15 @@ Engine shard_engine(const Engine& engine, int world, int rank) {
   out.spec = rank_spec(f, world, rank);
   out.weight_dtype = engine.weight_dtype;
   out.provenance = engine.provenance;
+  out.quant = engine.quant;  // the same INT4 weights by name, each the rank's share
   const WeightTable table = find_family(f.family).weights(f);
-  for (const WeightSpec& w : table.entries()) add_rank_weight(f, w, engine.get(w.name), world, rank, false, out);
+  const QuantConfig* q = engine.quant ? &*engine.quant : nullptr;
+  for (const WeightSpec& w : table.entries()) {
+    if (q && std::find(q->tensors.begin(), q->tensors.end(), w.name) != q->tensors.end())
+      add_rank_int4(engine, w, split_rule(f, w, world, rank), world, rank, out);
+    else
+      add_rank_weight(f, w, engine.get(w.name), world, rank, false, out);
+  }
   check_slice(out, rank);
   return out;
 }

@@ -26,8 +26,10 @@ Engine borrowed_engine(const Engine& engine);
 
 // Rank `rank`'s slice of `engine`, laid out as the rank spec's weight table says. Replicated weights
 // borrow the engine's memory (which must outlive the slice); split ones are copied. A row-parallel bias
-// (o_proj's) is kept by rank 0 and zero elsewhere, so the all-reduce adds it once. INT4 engines are
-// refused (not split yet).
+// (o_proj's) is kept by rank 0 and zero elsewhere, so the all-reduce adds it once. INT4 weights split
+// as their 16-bit forms do: packed rows with their scales and zeros, columns by whole groups (the
+// packed bytes, the groups' scales and zeros), so every rank's values are the whole weight's; a column
+// cut that would split a group, or one of an act-order weight, is refused naming the weight.
 Engine shard_engine(const Engine& engine, int world, int rank);
 
 // What a rank's streaming build held at most: the bytes of the slice made so far plus the one whole
@@ -40,8 +42,9 @@ struct RankBuildStats {
 // Rank `rank`'s slice built directly, without the whole engine: each weight is made whole (converted
 // from the mmap'd checkpoint, or generated), sliced with add_rank_weight into an owned copy, and freed
 // before the next. Bitwise shard_engine(build_engine(dir, options), world, rank) and
-// shard_engine(random_engine(spec, dtype, seed), world, rank). INT4 is refused (as shard_engine does),
-// and options.sink must be unset (it is this function's).
+// shard_engine(random_engine(spec, dtype, seed), world, rank). INT4 is refused (a rank would have to
+// quantize or convert its share alone: build the whole engine and shard it), and options.sink must be
+// unset (it is this function's).
 Engine build_rank_engine(const std::string& checkpoint_dir, const BuildOptions& options, int world, int rank,
                          RankBuildStats* stats = nullptr);
 Engine random_rank_engine(const ModelSpec& spec, DType dtype, uint64_t seed, int world, int rank,
