@@ -561,23 +561,32 @@ TEST(TensorParallelCli, CheckPassesAtTp2) {
 }
 
 // A published INT4 folder split over two ranks from the command line: the transformers reference of its
-// dequantized weights passes (the whole engine is built, then sliced: TpGroup::make). A rank process
-// building its own share from a folder is refused naming the way round it.
+// dequantized weights passes, with the ranks as threads (the whole engine built, then sliced:
+// TpGroup::make) and as processes (each process builds the whole INT4 engine and keeps its share).
+// And --quantize int4 over rank processes gives the same logits as one rank.
 TEST(TensorParallelCli, Int4CheckPassesAtTp2) {
   const std::string dir = test::fixture("int4/gptq_v1_sym_g32");
-  const std::string cmd = std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + dir + " --reference " +
-                          dir + "/reference.safetensors > /dev/null 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::string procs = "INGOT_TP_PROCESSES=1 " + std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " +
-                            dir + " --reference " + dir + "/reference.safetensors 2>&1";
-  std::string out;
-  FILE* p = ::popen(procs.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_NE(::pclose(p), 0) << out;
-  for (const char* f : {"--tp 2", "INT4", "each rank process would build its own share", "--engine F"})
-    EXPECT_NE(out.find(f), std::string::npos) << "'" << f << "' missing from: " << out;
+  for (const std::string env : {"", "INGOT_TP_PROCESSES=1 "}) {
+    const std::string cmd = env + std::string(INGOT_BINARY) + " check --tp 2 --device cpu --model " + dir +
+                            " --reference " + dir + "/reference.safetensors > /dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  const auto prefill_line = [](const std::string& env, const std::string& tp) {
+    const std::string fix = test::fixture("llama3");
+    const std::string cmd = env + std::string(INGOT_BINARY) + " check --device cpu --quantize int4 --group-size 32 --model " +
+                            fix + " --reference " + fix + "/reference.safetensors" + tp + " 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    ::pclose(p);  // fails: INT4 against the unquantized reference; the figures are what is compared
+    const size_t at = out.find("prefill ");
+    return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string one = prefill_line("", ""), two = prefill_line("INGOT_TP_PROCESSES=1 ", " --tp 2");
+  EXPECT_EQ(one.rfind("prefill ", 0), 0u) << one;
+  EXPECT_EQ(one, two);
 }
 
 }  // namespace

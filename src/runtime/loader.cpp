@@ -183,19 +183,17 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
     // alone, so its rank is read from the environment now, before the group is started (make_model).
     // A single engine file is still mapped whole and sliced at load (TpGroup::make).
     const bool own_slice = (dir_ || !file_) && tp_ranks_are_processes(device_ == "cuda");
-    // INT4 splits where the whole engine is sliced (TpGroup::make: threads, or an engine file); a rank
-    // process building its own share from a folder would have to quantize or convert it alone.
-    if (int4 && own_slice && !dir_)
-      throw Error(flag + ": INT4 weights are split from a whole engine, and here each rank process would build its "
-                         "own share from the folder (not implemented yet); build an engine file first (`ingot build "
-                         "--quantize int4 -o F`, or from the quantized folder) and run --engine F " + flag +
-                  " (docs/tensor-parallel.md)");
     if (own_slice) slice_rank_ = tp_rank_from_environment(rt.tp);
+    // INT4 from a folder or random weights: each rank process builds the whole INT4 engine (quantized
+    // or converted as one process would) and keeps its share (shard_engine), since a share cannot be
+    // quantized or converted alone; the whole INT4 model is a quarter of its 16-bit size.
+    whole_int4_ = int4 && own_slice && !dir_;
   }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
-  // With ranks as processes the host holds this rank's slice (rank_spec), not the whole model.
-  check_host_memory(slice_rank_ >= 0 ? rank_spec(model_spec_, rt.tp, slice_rank_) : model_spec_, dtype_, rt, !file_,
-                    host_backend_.get());
+  // With ranks as processes the host holds this rank's slice (rank_spec), not the whole model (except
+  // for INT4 built whole in each process).
+  check_host_memory(slice_rank_ >= 0 && !whole_int4_ ? rank_spec(model_spec_, rt.tp, slice_rank_) : model_spec_, dtype_,
+                    rt, !file_, host_backend_.get());
   return rt;
 }
 
@@ -282,10 +280,10 @@ Loaded Loaded::weights(LoadPlan&& plan) {
     LoadedEngine le = load_engine(s.engine_path, lo);
     l.engine = std::make_unique<Engine>(std::move(le.engine));
     l.engine_file = std::move(le.info);
-  } else if (rank >= 0 && !s.model_dir.empty()) {  // INT4 was refused here by fit()
+  } else if (rank >= 0 && !plan.whole_int4_ && !s.model_dir.empty()) {
     l.shards.push_back(build_rank_engine(s.model_dir, bo, plan.tp_, rank));
     whole_spec_only(l.shards[0].provenance);
-  } else if (rank >= 0) {
+  } else if (rank >= 0 && !plan.whole_int4_) {
     l.shards.push_back(random_rank_engine(plan.spec(), plan.weight_dtype(), s.random_seed, plan.tp_, rank));
     whole_spec_only(l.shards[0].provenance);
   } else if (!s.model_dir.empty()) {
@@ -302,6 +300,9 @@ Loaded Loaded::weights(LoadPlan&& plan) {
       quantize_engine_awq(*l.engine, plan.calibration_, *s.int4_group_size, "--calibration", s.quantize_lm_head);
     else if (s.int4_group_size) quantize_engine_int4(*l.engine, *s.int4_group_size, "--group-size", s.quantize_lm_head);
   }
+  // INT4 over rank processes: this rank's share of the whole engine built above (which stays in l.engine:
+  // the share borrows its replicated weights).
+  if (rank >= 0 && plan.whole_int4_) l.shards.push_back(shard_engine(*l.engine, plan.tp_, rank));
   l.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   l.device = plan.device();
   l.backend = plan.host_backend_ ? std::move(plan.host_backend_) : make_backend(l.device, plan.activation_dtype(), s.threads,

@@ -93,6 +93,9 @@ class LoadPlan {
   // Ranks as processes (set by fit() with --tp N): this process's rank (dist/process_group.h,
   // tp_rank_from_environment), whose slice alone the process builds or loads; -1 otherwise.
   mutable int slice_rank_ = -1;
+  // With slice_rank_: the weights are INT4 from a folder or random, so the process builds the whole
+  // engine and keeps its share (Loaded::weights), a share not being quantizable or convertible alone.
+  mutable bool whole_int4_ = false;
   std::unique_ptr<Backend> host_backend_;  // made first on the CPU: its figures join the memory check
 };
 

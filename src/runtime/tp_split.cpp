@@ -72,9 +72,9 @@ void check_slice(const Engine& out, int rank) {
 }
 
 std::string int4_refusal(int world) {
-  return "--tp " + std::to_string(world) + ": a rank's own build of INT4 weights is not implemented yet (each rank "
-         "would quantize or convert its share alone); build the engine file first (`ingot build --quantize int4` or "
-         "from the quantized folder) and run that file with --tp (docs/tensor-parallel.md)";
+  return "--tp " + std::to_string(world) + ": a rank's share of INT4 weights cannot be built alone (it would be "
+         "quantized or converted apart from the rest); build the whole engine and take the share with shard_engine, "
+         "as the loader does (docs/tensor-parallel.md)";
 }
 
 }  // namespace
@@ -218,6 +218,7 @@ Engine borrowed_engine(const Engine& engine) {
   out.spec = engine.spec;
   out.weight_dtype = engine.weight_dtype;
   out.provenance = engine.provenance;
+  out.quant = engine.quant;
   for (const auto& [name, t] : engine.weights) out.weights.emplace(name, borrow(t));
   return out;
 }

@@ -20,7 +20,7 @@ namespace ingot {
 void add_rank_weight(const ModelSpec& whole, const WeightSpec& w, const HostTensor& whole_tensor, int world, int rank,
                      bool own, Engine& out);
 
-// A view of `engine`: its spec, dtype and provenance, every weight borrowing the engine's memory (which
+// A view of `engine`: its spec, dtype, quantization and provenance, every weight borrowing the engine's memory (which
 // must outlive the view).
 Engine borrowed_engine(const Engine& engine);
 
