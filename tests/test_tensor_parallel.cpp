@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "backend/backend.h"
 #include "dist/in_process.h"
@@ -380,63 +381,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
                          });
 
-// TP = 8 (and 4) on every fixture family's architecture: the fixtures have 4 query heads, too few for
-// 8 ranks, so each family's spec is widened to 8 query heads (keeping its 1 or 2 KV heads: every KV head
-// replicated over 4 or 8 ranks) and, for Qwen3.5, 8 linear-attention value heads over its key heads,
-// with random weights; the split model against one rank as MatchesOneRank does (prefill logits within
-// the f32 tolerance, every rank's bitwise equal, greedy tokens and two-row decode identical).
-class TensorParallelWide : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
-
-TEST_P(TensorParallelWide, MatchesOneRank) {
-  const auto& [name, world] = GetParam();
-  ModelSpec s = load_model_spec(test::fixture(name));
-  const int64_t kv_before = s.kv_heads;
-  s.heads = 8;
-  s.intermediate = 8 * ((s.intermediate + 7) / 8);
-  if (s.has_linear_layers()) s.linear.v_heads = 8;
-  ASSERT_LT(s.kv_heads, world) << "the case is meant to replicate KV heads";
-  Engine eng = random_engine(s, DType::F32, 5);
-  RuntimeOptions rt;
-  rt.max_batch = 2;
-  rt.capacity = 24;
-  auto be1 = make_cpu_backend(), be = make_cpu_backend();
-  Model one(eng, *be1, rt);
-  rt.tp = world;
-  Model tp(eng, *be, rt);
-  ASSERT_EQ(tp.tp_world(), world);
-  const ModelSpec rs = rank_spec(eng.spec, world, world - 1);
-  EXPECT_EQ(rs.kv_heads, 1) << "rank " << world - 1 << " of " << world << " holds one (replicated) KV head of "
-                            << kv_before;
-  EXPECT_EQ(tp.state().bytes(), State::bytes(rs, tp.plan().options, DType::F32).value());
-
-  Batch b;
-  b.rows.push_back(BatchRow{0, {1, 2, 3, 40, 41, 42, 7, 9, 11}, 0, {}, true});
-  b.rows.push_back(BatchRow{1, {5, 6, 8, 10}, 0, {}, true});
-  const HostTensor want = one.forward(b);
-  const std::vector<HostTensor> got = tp.forward_ranks(b);
-  ASSERT_EQ(got.size(), size_t(world));
-  expect_close(want, got[0], name + " widened, tp " + std::to_string(world));
-  for (int r = 1; r < world; ++r)
-    EXPECT_EQ(std::memcmp(got[0].data(), got[size_t(r)].data(), got[0].nbytes()), 0) << "rank " << r << " differs from rank 0";
-  EXPECT_EQ(greedy(one, {3, 4, 5, 6, 7}, 10), greedy(tp, {3, 4, 5, 6, 7}, 10));
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelWide,
-                         ::testing::Values(std::tuple{"llama3", 8}, std::tuple{"qwen2", 8}, std::tuple{"qwen3", 8},
-                                           std::tuple{"qwen3_swa", 8}, std::tuple{"qwen3_5_text", 8},
-                                           std::tuple{"qwen3_5_wrapped", 4}, std::tuple{"qwen3_5_wrapped", 8},
-                                           std::tuple{"qwen3_5_pattern", 4}, std::tuple{"qwen3_5_pattern", 8}),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
-                         });
-
-// INT4 engines split over ranks (shard_engine: the packed rows with their scales and zeros, whole
-// groups of columns): the split model against the same INT4 engine on one rank (prefill logits within
-// the f32 tolerance, every rank's bitwise equal, greedy tokens identical) and, for the published-format
-// fixtures, the transformers reference of their dequantized weights through every forward path.
-// Fixtures whose split would cut a group (groups of 64 and whole rows re-expressed as 64 against
-// o_proj's 32 columns a rank) or an act-order weight's columns are refused, naming which.
-void expect_int4_split_matches(const Engine& eng, int world, const std::string& what, const Reference* ref) {
+// The split model against the same engine on one rank: prefill logits of a two-row batch within the
+// f32 tolerance, every rank's bitwise equal, greedy tokens identical; with `ref`, the transformers
+// reference through every forward path of the split model; `also` sees the split model first.
+void expect_split_matches_one_rank(const Engine& eng, int world, const std::string& what, const Reference* ref,
+                                   const std::function<void(Model&)>& also = {}) {
   RuntimeOptions rt;
   rt.max_batch = 2;
   rt.capacity = ref ? reference_capacity(*ref) : 24;
@@ -446,6 +395,7 @@ void expect_int4_split_matches(const Engine& eng, int world, const std::string& 
   rt.tp = world;
   Model tp(eng, *be, rt);
   ASSERT_EQ(tp.tp_world(), world);
+  if (also) also(tp);
   Batch b;
   b.rows.push_back(BatchRow{0, {1, 2, 3, 40, 41, 42, 7, 9, 11}, 0, {}, true});
   b.rows.push_back(BatchRow{1, {5, 6, 8, 10}, 0, {}, true});
@@ -466,6 +416,45 @@ void expect_int4_split_matches(const Engine& eng, int world, const std::string& 
   }
 }
 
+// TP = 8 (and 4) on every fixture family's architecture: the fixtures have 4 query heads, too few for
+// 8 ranks, so each family's spec is widened to 8 query heads (keeping its 1 or 2 KV heads: every KV head
+// replicated over 4 or 8 ranks) and, for Qwen3.5, 8 linear-attention value heads over its key heads,
+// with random weights; the split model against one rank as MatchesOneRank does (prefill logits within
+// the f32 tolerance, every rank's bitwise equal, greedy tokens and two-row decode identical).
+class TensorParallelWide : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TensorParallelWide, MatchesOneRank) {
+  const auto& [name, world] = GetParam();
+  ModelSpec s = load_model_spec(test::fixture(name));
+  const int64_t kv_before = s.kv_heads;
+  s.heads = 8;
+  s.intermediate = 8 * ((s.intermediate + 7) / 8);
+  if (s.has_linear_layers()) s.linear.v_heads = 8;
+  ASSERT_LT(s.kv_heads, world) << "the case is meant to replicate KV heads";
+  const Engine eng = random_engine(s, DType::F32, 5);
+  expect_split_matches_one_rank(eng, world, name + " widened, tp " + std::to_string(world), nullptr, [&](Model& tp) {
+    const ModelSpec rs = rank_spec(eng.spec, world, world - 1);
+    EXPECT_EQ(rs.kv_heads, 1) << "rank " << world - 1 << " of " << world << " holds one (replicated) KV head of "
+                              << kv_before;
+    EXPECT_EQ(tp.state().bytes(), State::bytes(rs, tp.plan().options, DType::F32).value());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelWide,
+                         ::testing::Values(std::tuple{"llama3", 8}, std::tuple{"qwen2", 8}, std::tuple{"qwen3", 8},
+                                           std::tuple{"qwen3_swa", 8}, std::tuple{"qwen3_5_text", 8},
+                                           std::tuple{"qwen3_5_wrapped", 4}, std::tuple{"qwen3_5_wrapped", 8},
+                                           std::tuple{"qwen3_5_pattern", 4}, std::tuple{"qwen3_5_pattern", 8}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
+                         });
+
+// INT4 engines split over ranks (shard_engine: the packed rows with their scales and zeros, whole
+// groups of columns): the split model against the same INT4 engine on one rank (prefill logits within
+// the f32 tolerance, every rank's bitwise equal, greedy tokens identical) and, for the published-format
+// fixtures, the transformers reference of their dequantized weights through every forward path.
+// Fixtures whose split would cut a group (groups of 64 and whole rows re-expressed as 64 against
+// o_proj's 32 columns a rank) or an act-order weight's columns are refused, naming which.
 TEST(TensorParallelInt4, PublishedFormatsSplitOrAreRefusedNamingWhy) {
   int split = 0;
   for (const std::string name : {"awq_gemm_g32", "ct_channel_asym", "ct_channel_sym_qwen2", "ct_group_asym_g64",
@@ -485,7 +474,7 @@ TEST(TensorParallelInt4, PublishedFormatsSplitOrAreRefusedNamingWhy) {
     }
     ++split;
     const Reference ref = load_reference(dir + "/reference.safetensors");
-    expect_int4_split_matches(eng, 2, name + " tp 2", &ref);
+    expect_split_matches_one_rank(eng, 2, name + " tp 2", &ref);
   }
   EXPECT_GE(split, 3) << "too few published-format fixtures split: the test would say little";
 }
@@ -494,13 +483,13 @@ TEST(TensorParallelInt4, RoundToNearestSplitsOnEveryFamily) {
   for (const std::string name : {"llama3", "qwen2", "qwen3", "qwen3_swa", "qwen3_5_text"}) {
     Engine eng = random_engine(load_model_spec(test::fixture(name)), DType::F32, 3);
     quantize_engine_int4(eng, 32);
-    expect_int4_split_matches(eng, 2, name + " RTN g32 tp 2", nullptr);
+    expect_split_matches_one_rank(eng, 2, name + " RTN g32 tp 2", nullptr);
   }
   // An untied INT4 LM head, split by the vocabulary like the 16-bit one.
   Engine head = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 4);
   quantize_engine_int4(head, 32, "--group-size", true);
   ASSERT_TRUE(head.find("lm_head.scales"));
-  expect_int4_split_matches(head, 2, "llama3 INT4 LM head tp 2", nullptr);
+  expect_split_matches_one_rank(head, 2, "llama3 INT4 LM head tp 2", nullptr);
   const Engine r1 = shard_engine(head, 2, 1);
   EXPECT_EQ(r1.get("lm_head").shape()[0], r1.spec.tp.vocab_rows);
 }
