@@ -167,6 +167,20 @@ TEST(TensorParallelSplit, RefusesInt4ColumnCutsThatSplitAGroup) {
   Engine g32 = random_engine(load_model_spec(test::fixture("llama3")), DType::F32, 1);
   quantize_engine_int4(g32, 32);
   EXPECT_NO_THROW(shard_engine(g32, 2, 1));
+  // The same refusals from the spec alone (what the loader asks before reading any weight).
+  const ModelSpec spec = load_model_spec(test::fixture("llama3"));
+  QuantConfig q;
+  q.group_size = 64;
+  test::expect_error([&] { check_int4_split(spec, q, 2); }, {"--tp 2", "INT4 weight", ".wo", "groups of 64"});
+  EXPECT_NO_THROW(check_int4_split(spec, q, 1));
+  q.group_size = 32;
+  EXPECT_NO_THROW(check_int4_split(spec, q, 2));
+  test::expect_error([&] { check_int4_split(spec, q, 4); }, {"--tp 4", ".wo", "columns 0..15", "groups of 32"});
+  q.act_order = true;
+  test::expect_error([&] { check_int4_split(spec, q, 2); }, {"--tp 2", "act-order"});
+  q.act_order = false;
+  q.group_size = -1;  // one group a row: any cut keeps it
+  EXPECT_NO_THROW(check_int4_split(spec, q, 4));
 }
 
 // --- the streamed slice: one rank's weights built alone (runtime/tp_split.h) ---

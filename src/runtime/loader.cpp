@@ -97,7 +97,10 @@ LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
     model_spec_ = load_model_spec(s.model_dir);
     dtype_ = build_dtype(s.model_dir, model_spec_, requested);
     // Its fields checked before any tensor is read.
-    if (const std::optional<PublishedQuant> q = read_published_quant(s.model_dir)) published_group_ = q->group_size;
+    if (const std::optional<PublishedQuant> q = read_published_quant(s.model_dir)) {
+      published_group_ = q->group_size;
+      published_act_order_ = q->act_order;
+    }
     if (published_group_ && s.int4_group_size)
       throw Error("--quantize: " + s.model_dir + " is already quantized (config.json has a quantization_config); "
                   "run it without --quantize");
@@ -171,6 +174,18 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
     const bool int4 = ls_.int4_group_size || published_group_ || (file_ && file_->quant);
+    if (int4) {  // the INT4 column cuts (whole groups, no act-order), before any weight is read
+      QuantConfig q;
+      if (file_ && file_->quant) {
+        q = *file_->quant;
+      } else if (published_group_) {
+        q.group_size = int4_runtime_group(*published_group_, int4_quantizable_cols(weight_table(model_spec_)));
+        q.act_order = published_act_order_;
+      } else {
+        q.group_size = *ls_.int4_group_size;
+      }
+      check_int4_split(model_spec_, q, rt.tp);
+    }
     if (activation_dtype_ != dtype_ && device_ == "cuda")
       throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "
                   "weights' dtype only (not implemented for f32 over 16-bit weights yet); drop one of the two");

@@ -87,6 +87,7 @@ class LoadPlan {
   std::vector<int32_t> calibration_;  // [tokens] read and checked by the constructor, or empty
   // A checkpoint folder with a quantization_config (io/quantized_checkpoint.h): its group_size.
   std::optional<int64_t> published_group_;
+  bool published_act_order_ = false;  // its desc_act
   std::string device_;
   // The largest --tp fit() was given (bench fits once per run, all with the same --tp): picks the GPU.
   mutable int tp_ = 1;

@@ -150,35 +150,39 @@ Cut split_rule(const ModelSpec& f, const WeightSpec& w, int world, int rank) {
 // the rank's columns and the group size: a column cut that is not whole groups, and one of an
 // act-order weight (its stored columns scatter over the input, so a rank's input range is no run of
 // them).
+// The refusals of add_rank_int4's column cut (c: the rank's input columns of weight `name`, `in` of them).
+void check_int4_cut(const QuantConfig& qc, const std::string& name, int64_t in, Span c, bool act_order, int world,
+                    int rank) {
+  const std::string what = "--tp " + std::to_string(world) + ": INT4 weight '" + name + "' (rank " + std::to_string(rank) +
+                           "'s input columns " + std::to_string(c.first) + ".." + std::to_string(c.first + c.count - 1) + ")";
+  if (act_order)
+    throw Error(what + " is act-order (desc_act: its stored columns are a permutation of the input), which cannot be "
+                       "split by input columns; run it without --tp");
+  const int64_t group = qc.group(in);
+  if (qc.group_size >= 0 && (c.first % group != 0 || c.count % group != 0))
+    throw Error(what + " would cut its groups of " + std::to_string(group) + " columns; every rank's share of the " +
+                std::to_string(in) + " columns must be whole groups (a smaller --group-size, or fewer ranks)");
+}
+
 void add_rank_int4(const Engine& e, const WeightSpec& w, const Cut& cut, int world, int rank, Engine& out) {
   const QuantConfig& qc = *e.quant;
-  const std::string flag = "--tp " + std::to_string(world);
   const HostTensor& packed = e.get(w.name);
   const HostTensor& scales = e.get(w.name + kInt4ScalesSuffix);
   const HostTensor* zeros = e.find(w.name + kInt4ZerosSuffix);
   const HostTensor* perm = e.find(w.name + kInt4PermSuffix);
   const int64_t in = w.shape.at(1), group = qc.group(in);
-  const auto keep = [](const HostTensor& t) { return borrow(t); };
   HostTensor p, sc, z, pm;
   if (cut.kind == Cut::Rows) {
     p = take_rows(packed, cut.spans);
     sc = take_rows(scales, cut.spans);  // padded rows: scale 0, so their values are exact zeros
     if (zeros) z = take_rows(*zeros, cut.spans);
-    if (perm) pm = keep(*perm);
+    if (perm) pm = borrow(*perm);
   } else if (cut.kind == Cut::Cols) {
     const Span c = cut.spans.at(0);
-    const std::string what = flag + ": INT4 weight '" + w.name + "' (rank " + std::to_string(rank) + "'s input columns " +
-                             std::to_string(c.first) + ".." + std::to_string(c.first + c.count - 1) + ")";
-    if (perm)
-      throw Error(what + " is act-order (desc_act: its stored columns are a permutation of the input), which cannot be "
-                         "split by input columns; run it without --tp");
-    const bool whole_row = qc.group_size < 0;  // one group a row, whatever the row's length
-    if (!whole_row && (c.first % group != 0 || c.count % group != 0))
-      throw Error(what + " would cut its groups of " + std::to_string(group) + " columns; every rank's share of the " +
-                  std::to_string(in) + " columns must be whole groups (a smaller --group-size, or fewer ranks)");
+    check_int4_cut(qc, w.name, in, c, perm != nullptr, world, rank);
     p = take_cols(packed, {c.first / 2, c.count / 2});
     // One group a row (a whole-row group) stays as it is: the rank's columns share that scale.
-    const Span g = whole_row ? Span{0, 1} : Span{c.first / group, c.count / group};
+    const Span g = qc.group_size < 0 ? Span{0, 1} : Span{c.first / group, c.count / group};
     sc = take_cols(scales, g);
     if (zeros) z = take_cols(*zeros, g);
   } else {
@@ -245,6 +249,20 @@ Engine shard_engine(const Engine& engine, int world, int rank) {
   }
   check_slice(out, rank);
   return out;
+}
+
+void check_int4_split(const ModelSpec& f, const QuantConfig& q, int world, const std::string& flag) {
+  if (world == 1) return;
+  check_tensor_parallel(f, world, flag);
+  const WeightTable table = find_family(f.family).weights(f);
+  for (const WeightSpec& w : table.entries()) {
+    if (!int4_allowed(w)) continue;
+    if (!q.tensors.empty() && std::find(q.tensors.begin(), q.tensors.end(), w.name) == q.tensors.end()) continue;
+    for (int r = 0; r < world; ++r) {
+      const Cut cut = split_rule(f, w, world, r);
+      if (cut.kind == Cut::Cols) check_int4_cut(q, w.name, w.shape.at(1), cut.spans.at(0), q.act_order, world, r);
+    }
+  }
 }
 
 namespace {

@@ -32,6 +32,12 @@ Engine borrowed_engine(const Engine& engine);
 // cut that would split a group, or one of an act-order weight, is refused naming the weight.
 Engine shard_engine(const Engine& engine, int world, int rank);
 
+// The refusals shard_engine gives an INT4 engine of quantization `q` (a column cut through a group, or
+// of an act-order weight), from the spec alone, so that a split that cannot be made is refused before
+// any weight is read or quantized. q.tensors empty: every weight an engine may hold as INT4
+// (int4_allowed); the LM head is cut by rows and never refused.
+void check_int4_split(const ModelSpec& whole, const QuantConfig& q, int world, const std::string& flag = "--tp");
+
 // What a rank's streaming build held at most: the bytes of the slice made so far plus the one whole
 // weight being sliced (the tests check it stays about total/world plus the largest weight).
 struct RankBuildStats {
