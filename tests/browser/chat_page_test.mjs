@@ -16,14 +16,31 @@ cpSync(join(src, "models/demo"), model, { recursive: true });
 for (const f of ["tokenizer.json", "tokenizer_config.json"]) cpSync(join(process.env.INGOT_TOKENIZER_DIR, f), join(model, f));
 
 const children = [];
+// Whether any process of the group led by pid is left.
+function groupAlive(pid) {
+  try {
+    process.kill(-pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
 // The programs are ended and waited for before their folders go: Chromium writes its profile until
-// it exits.
+// it exits, and so do its helpers (zygote, renderers, crash handler), which outlive a killed main
+// process; each program runs in a process group of its own, so the whole group is killed and waited
+// for (up to 10 s).
 async function cleanup() {
-  await Promise.all(children.map((c) => new Promise((resolve) => {
-    if (c.exitCode !== null || c.signalCode !== null) return resolve();
-    c.once("exit", resolve);
-    c.kill("SIGKILL");
-  })));
+  await Promise.all(children.map(async (c) => {
+    const exited = c.exitCode !== null || c.signalCode !== null ? Promise.resolve() :
+      new Promise((resolve) => c.once("exit", resolve));
+    try {
+      process.kill(-c.pid, "SIGKILL");
+    } catch {
+      c.kill("SIGKILL");
+    }
+    await exited;
+    for (let i = 0; i < 100 && groupAlive(c.pid); ++i) await new Promise((r) => setTimeout(r, 100));
+  }));
   rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
 }
 async function fail(e) {
@@ -35,7 +52,7 @@ process.on("unhandledRejection", fail);
 
 // Starts a program and resolves with the first match of `re` in its output.
 function start(cmd, args, re, what) {
-  const p = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"] });
+  const p = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], detached: true });
   children.push(p);
   return new Promise((resolve, reject) => {
     let out = "";
