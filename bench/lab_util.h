@@ -23,6 +23,9 @@ struct Design {
   std::string name;
   std::function<void(const Args&, cudaStream_t)> launch;
   int min_tokens = 1, max_tokens = 1 << 30;  // the token counts it is timed at
+  int min_group = 0;                          // the smallest group size it takes (int4_lab)
+  bool needs_sym = false;                     // weights without zero points only (int4_lab)
+  bool exact = false;  // checked against the product of the unrounded weights (int4_lab)
 };
 
 // Milliseconds the work fn() enqueues on stream s takes (events around it).

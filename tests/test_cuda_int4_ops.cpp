@@ -58,7 +58,8 @@ TEST_P(CudaOps, Int4Linear) {
 // batch instances (two, four and eight blocks of 8 token columns) and, past N = 8192, the splits of
 // the widest products (two 16-row tiles a warp at 9..16 and 33..64 tokens; N = 8200 ends on a
 // half tile, 8216 on a tile of the warp's pair past N). N = 4100 at 1 and 3 tokens takes the
-// pipelined one-token split, K = 5120 giving it two unchecked steps and a checked half step.
+// one-token split of 4 warps with four loads, K = 5120 giving it two unchecked steps and a checked half
+// step.
 TEST_P(CudaOps, Int4LinearLongRows) {
   for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
                          {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}, {12, 8200, 1024}, {30, 8200, 1024},

@@ -4,7 +4,7 @@
 // the instance by shape (int4_design there); bench/int4_lab.cu times the instances against each other
 // and against the library's launcher. Also here: the pieces int4_linear.cu's other kernels share with
 // it (the exact 16-bit dequantization of a nibble pair; the MMA is mma_tiles.cuh's), so every path
-// dequantizes to the same bits.
+// that rounds weights to 16 bits rounds them to the same bits.
 //
 // Hand-written rather than taken from a library: the packed layout is ours (rows of K/2 bytes, no
 // re-layout at build), and the value each nibble stands for is defined bit for bit by this backend
@@ -19,10 +19,12 @@
 //    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
 //    both rows.
 //  - Two accumulators alternate so consecutive MMAs do not wait on each other.
-//  - Dequantization stays exact: a shift and one lop3 place two nibbles in the mantissas of the
+//  - Dequantization is exact: a shift and one lop3 place two nibbles in the mantissas of the
 //    16-bit pattern of 2^e (e = 10 for f16, 7 for bf16: unit in the last place 1), so the pair is
-//    exactly 2^e + nibble; subtracting 2^e + zero is exact, and one packed multiply by the scale
-//    rounds once: round((nibble - zero) * scale), as the f32 product rounded to 16 bits is.
+//    exactly 2^e + nibble; subtracting 2^e + zero is exact. Then either one packed multiply by the
+//    scale rounds once, round((nibble - zero) * scale) as the f32 product rounded to 16 bits is
+//    (Scaling::PerWeight), or the integers go into the MMA as they are and each slot's f32 sums are
+//    multiplied by the scale (Scaling::PerSlot, below).
 // Accumulation is f32; the S warps' sums meet in shared memory and are added in warp order, so
 // results do not depend on scheduling or graph replay.
 #pragma once
@@ -181,6 +183,45 @@ __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t
   A[3] = dequant_pair<T>(wb, 8 * h + 4, sl.zmb, sl.sb);
 }
 
+// Where the one-token-block instance applies a group's scale:
+//  - PerWeight: each weight is round((nibble - zero) * scale) in the activation dtype before its MMA
+//    (a shift, one LOP3, HADD2 and HMUL2 a nibble pair). Every group size; the batch instances.
+//  - PerSlot (NT = 1, groups of at least 128 columns, so that the 128 columns the four t-lanes of one
+//    MMA cover lie in one group): the MMAs take the exact integers nibble - zero (HSUB2 of the two
+//    2^e patterns, no HMUL2), a slot's sums are kept apart in f32 and multiplied by the scale once
+//    (an FFMA per accumulator value). So the product is that of the stored values up to f32
+//    summation, without PerWeight's rounding of each weight to 16 bits (2^-9 relative for bf16): the
+//    lab's error against the exact product fell from 0.018 to 0.003 (docs/quantization.md). Faster
+//    too at one token on the H100 (fewer instructions and registers; 2026-12-06); slower with
+//    several token blocks (a slot's NT x W sums), which keep PerWeight.
+enum class Scaling { PerWeight, PerSlot };
+
+// The A fragment of a_fragment's columns as the exact integers nibble - zero (zma, zmb: 2^e + zero of
+// rows g and g + 8), for Scaling::PerSlot.
+template <typename T>
+__device__ __forceinline__ void int_fragment(uint32_t wa, uint32_t wb, uint32_t zma, uint32_t zmb, int h,
+                                             uint32_t (&A)[4]) {
+  using V2 = typename Pair<T>::V2;
+  const int sh[4] = {8 * h, 8 * h, 8 * h + 4, 8 * h + 4};
+  const uint32_t w[4] = {wa, wb, wa, wb}, zm[4] = {zma, zmb, zma, zmb};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t q;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;"
+        : "=r"(q)
+        : "r"(w[i] >> sh[i]), "n"(0x000f000f), "n"(Pair<T>::kMagic * 0x00010001u));
+    V2 d = __hsub2(*reinterpret_cast<V2*>(&q), *reinterpret_cast<const V2*>(&zm[i]));
+    A[i] = *reinterpret_cast<uint32_t*>(&d);
+  }
+}
+
+// A scale pair's value (both halves hold it) in f32.
+template <typename T>
+__device__ __forceinline__ float scale_f32(uint32_t s2) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(s2 << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(s2 & 0xffffu)));
+}
+
 // What a tile's 16 A rows (the MMA's M) are and where its sums go.
 //  - PlainOut: y = x w^T (+ bias), A rows g and g + 8 are weight rows n0 + g and n0 + g + 8, the
 //    outputs of those numbers (16 a tile).
@@ -265,13 +306,15 @@ inline unsigned grid_blocks(const Args& a) {
 // weights without zero points (symmetric, zero 8; a.zeros null) the instance loads none and its
 // 2^e + 8 pattern is a constant, which takes a byte load, a broadcast and a test per slot and row off
 // the loop; true reads a.zeros where it is set.
-template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true>
+template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true,
+          Scaling kScaling = Scaling::PerWeight>
 __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
   constexpr bool kPipe = Sp::P;
   static_assert(NT > 1 || !kFragX, "the fragment order is for the batch instances");
   static_assert(NT > 1 || W == 1, "several tiles a warp share x across token blocks");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
+  static_assert(NT == 1 || kScaling == Scaling::PerWeight, "scales per slot: one token block only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int r = warp / S, part = warp % S;
   // The warp's first output (tile w's at n0 + w * kSpan).
@@ -415,17 +458,38 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
       load_pairs32(xr && (!check || p < pieces) ? xr + int64_t(p) * 32 : nullptr, xv);
       const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
       const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
+      if constexpr (kScaling == Scaling::PerWeight) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t A[4];
-          a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
-          uint32_t B[2];
-          b_fragments(r0, r1, r2, r3, h, B);
-          mma::Mma<T>::run(acc[h], A, B[0], B[1]);
+          for (int h = 0; h < 2; ++h) {
+            uint32_t A[4];
+            a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
+            uint32_t B[2];
+            b_fragments(r0, r1, r2, r3, h, B);
+            mma::Mma<T>::run(acc[h], A, B[0], B[1]);
+          }
         }
+      } else {
+        // The slot's sums of integer weights times x, per h, then one scale each (rows g: c0, c1;
+        // g + 8: c2, c3).
+        float sm[2][4] = {};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t A[4];
+            int_fragment<T>(wa4[j], wb4[j], sl[u].zma, sl[u].zmb, h, A);
+            uint32_t B[2];
+            b_fragments(r0, r1, r2, r3, h, B);
+            mma::Mma<T>::run(sm[h], A, B[0], B[1]);
+          }
+        }
+        const float fa = scale_f32<T>(sl[u].sa), fb = scale_f32<T>(sl[u].sb);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[0][e]);
       }
     }
   };

@@ -7,15 +7,18 @@
 // Three kernels:
 //  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..64 tokens, decode): the weights as the MMA's
 //    A operand, 16 output rows a warp tile, S warps of a tile splitting K, each lane dequantizing in
-//    registers exactly round((nibble - zero) * scale), fp32 accumulation; tokens are the B columns,
-//    one block of 8 (its instance per shape: int4_design below), or two, four or eight
-//    (launch_blocks; from four on with x first reordered into the scratch). It
+//    registers (one token block with groups of 128+: the exact integers nibble - zero, each slot's f32
+//    sums scaled once; otherwise round((nibble - zero) * scale) in the activation dtype), fp32
+//    accumulation; tokens are the B columns, one block of 8 (its instance per shape: int4_design
+//    below), or two, four or eight (launch_blocks; from four on with x first reordered into the
+//    scratch). It
 //    replaced int4_mma_kernel (tokens as the A rows, weights as B), slower at every token count
 //    (docs/quantization.md, 2026-12-03).
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
 //    exactly in f32 ((nibble - zero) * scale, one f32 product, as the CPU reference) and f32 FMAs.
 //  - int4_dequant_kernel (wider products, act-order weights, batch-invariant mode): the weight into a
-//    [N, K] scratch of the activation dtype with the decode kernels' exact values, for cuBLASLt. With
+//    [N, K] scratch of the activation dtype, round((nibble - zero) * scale) as the per-weight decode
+//    instances take it, for cuBLASLt. With
 //    an act-order perm the columns are scattered back to input order (deq[n, perm[j]] = w[n, j]), so
 //    y = x deq^T = W_stored . x[perm] with x read as it is.
 #include <algorithm>
@@ -184,42 +187,52 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
 
 namespace {
 
-// The instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row tile, U loads per
-// lane and row in flight, R tiles per block, P the next step's loads issued before this step's math.
-enum class Int4Design { S8U1R1, S8U2R1, S16U1R1, S16U2R1, S4U4R1, S4U4R1P, S8U4R1 };
+// The one-token-block instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row
+// tile, U loads per lane and row in flight, R tiles per block.
+enum class Int4Design { S8U1R1, S16U1R1, S16U2R1, S4U4R1, S8U4R1 };
 
 // The instance for a product of N rows of K columns, as bench/int4_lab.cu measured them on the H200
 // (2026-12-02, bf16, group 128, one token; µs per call, best against the next best; figures in
-// docs/quantization.md): the fastest split follows how many 16-row tiles there are to spread (N / 16)
-// and how long each row is.
-//  - K <= 1024 (Qwen3-0.6B's QKV and gate/up): 8 warps a tile, one load each (N = 4096: 2.66 µs) or
-//    two (N = 6144: 3.36 against 3.51).
+// docs/quantization.md), with the two changes that held in both H100 labs of 2026-12-06 (the other
+// rankings of those two runs contradicted each other: the lab's order of designs biased them):
+//  - K <= 1024 (Qwen3-0.6B's QKV and gate/up): 8 warps a tile, one load each (N = 4096: 2.66 µs on
+//    the H200; N = 6144 on the H100: 2.71-2.96 against 3.09-4.52 for two loads, whose one step of 64
+//    pieces overran K = 1024's 32 and so ran every slot checked since e25ccf0).
 //  - K 2048-3072 with N = 1024 (its O and down): 16 warps a tile, 64 tiles being too few to fill the
 //    GPU otherwise (2.64 against 2.85; 3.08 against 3.61).
-//  - K = 4096: N = 4096 (O) 16 warps a tile (5.90 against 6.28); N = 6144 (QKV) 4 warps, pipelined
-//    (8.57-8.70 against 8.84); N = 24576-28672 (gate/up) 4 warps, not pipelined (26.1 / 29.1 against
+//  - K = 4096: N = 4096 (O) 16 warps a tile (5.90 against 6.28); N = 6144 (QKV) 4 warps with four
+//    loads, not pipelined (the H100: 7.53 / 8.20 against 10.73 / 10.59 pipelined; the H200 had the
+//    pipelined one 2-3% ahead); N = 24576-28672 (gate/up) 4 warps, not pipelined (26.1 / 29.1 against
 //    28.5 / 32.8).
 //  - Longer rows (down, K = 12288-14336): 8 warps, four loads each (13.9 / 16.3 against 16.6-19.5).
 Int4Design int4_design(int N, int K) {
-  if (K <= 1024) return N <= 4096 ? Int4Design::S8U1R1 : Int4Design::S8U2R1;
+  if (K <= 1024) return Int4Design::S8U1R1;
   if (K <= 2048) return Int4Design::S16U1R1;
   if (K <= 3072) return Int4Design::S16U2R1;
-  if (K <= 8192) {
-    if (N <= 4096) return Int4Design::S16U1R1;
-    return N <= 8192 ? Int4Design::S4U4R1P : Int4Design::S4U4R1;
-  }
+  if (K <= 8192) return N <= 4096 ? Int4Design::S16U1R1 : Int4Design::S4U4R1;
   return Int4Design::S8U4R1;
 }
 
-// One token block without zero points: the instance that loads none (kZeros false). The H200,
-// 2026-12-04, Llama-3.1-8B shapes, INT4 group 128 (symmetric), two runs each in one call: batch 1
-// 419.2 tok/s against 414.7; batch 16 (two blocks) 4,134 against 4,467, so the batch instances keep
-// the one that tests for zeros (docs/quantization.md).
+// One token block: no zero-point loads without zero points (kZeros false: the H200, 2026-12-04,
+// Llama-3.1-8B shapes, batch 1 419.2 tok/s against 414.7), and the scale per slot where groups span
+// the 128 columns of an MMA (Scaling::PerSlot, group 128+). The batch instances keep the instance that
+// tests for zeros (batch 16 lost 7.5% without it, 2026-12-04) and the scale per weight (per slot:
+// 3,963 against 4,134 tok/s at batch 16 and 8,236 against 8,601 at 64 on an H100, 2026-12-06).
 template <typename T, class Out, class Sp, int NT = 1, bool X = false>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
+  using int4gemv::Scaling;
   const dim3 grid(int4gemv::grid_blocks<Sp, Out>(a)), block(Sp::R * Sp::S * 32);
   if constexpr (NT == 1) {
-    if (!a.zeros) return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, false>, grid, block, 0, s, a);
+    const bool slot = a.group_shift >= 7;
+    if (!a.zeros) {
+      if (slot)
+        return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, false, Scaling::PerSlot>, grid,
+                      block, 0, s, a);
+      return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, false>, grid, block, 0, s, a);
+    }
+    if (slot)
+      return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, true, Scaling::PerSlot>, grid, block,
+                    0, s, a);
   }
   launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
 }
@@ -273,11 +286,9 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
   }
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, Out, Split<8, 1, 1, false>>(a, s);
-    case Int4Design::S8U2R1: return launch_design<T, Out, Split<8, 2, 1, false>>(a, s);
     case Int4Design::S16U1R1: return launch_design<T, Out, Split<16, 1, 1, false>>(a, s);
     case Int4Design::S16U2R1: return launch_design<T, Out, Split<16, 2, 1, false>>(a, s);
     case Int4Design::S4U4R1: return launch_design<T, Out, Split<4, 4, 1, false>>(a, s);
-    case Int4Design::S4U4R1P: return launch_design<T, Out, Split<4, 4, 1, true>>(a, s);
     case Int4Design::S8U4R1: return launch_design<T, Out, Split<8, 4, 1, false>>(a, s);
   }
 }
