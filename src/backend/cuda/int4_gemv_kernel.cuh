@@ -458,35 +458,24 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
       load_pairs32(xr && (!check || p < pieces) ? xr + int64_t(p) * 32 : nullptr, xv);
       const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
       const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
-      if constexpr (kScaling == Scaling::PerWeight) {
+      // PerWeight: the MMAs add into the two alternating accumulators; PerSlot: into the slot's own
+      // sums per h, each then scaled once (rows g: c0, c1; g + 8: c2, c3).
+      float sm[2][4] = {};
+      float(*dst)[4] = kScaling == Scaling::PerWeight ? acc : sm;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t A[4];
-            a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
-            uint32_t B[2];
-            b_fragments(r0, r1, r2, r3, h, B);
-            mma::Mma<T>::run(acc[h], A, B[0], B[1]);
-          }
+        for (int h = 0; h < 2; ++h) {
+          uint32_t A[4];
+          if constexpr (kScaling == Scaling::PerWeight) a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
+          else int_fragment<T>(wa4[j], wb4[j], sl[u].zma, sl[u].zmb, h, A);
+          uint32_t B[2];
+          b_fragments(r0, r1, r2, r3, h, B);
+          mma::Mma<T>::run(dst[h], A, B[0], B[1]);
         }
-      } else {
-        // The slot's sums of integer weights times x, per h, then one scale each (rows g: c0, c1;
-        // g + 8: c2, c3).
-        float sm[2][4] = {};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t A[4];
-            int_fragment<T>(wa4[j], wb4[j], sl[u].zma, sl[u].zmb, h, A);
-            uint32_t B[2];
-            b_fragments(r0, r1, r2, r3, h, B);
-            mma::Mma<T>::run(sm[h], A, B[0], B[1]);
-          }
-        }
+      }
+      if constexpr (kScaling == Scaling::PerSlot) {
         const float fa = scale_f32<T>(sl[u].sa), fb = scale_f32<T>(sl[u].sb);
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[0][e]);
