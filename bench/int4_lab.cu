@@ -25,7 +25,8 @@
 // row in flight, R tiles per block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16
 // tokens, the single-block ones at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
-// loads, " ws" the scale per slot, " z0" no zero points.
+// loads, " ws" the scale per slot, " z0" no zero points, "stream S4 U2 D4" int4_stream_lab.cuh's
+// cp.async ring of D stages (symmetric runs only).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
+#include "int4_stream_lab.cuh"
 #include "lab_util.h"
 
 namespace {
@@ -82,6 +84,23 @@ void add_scalings(std::vector<Design>& v) {
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerWeight, false>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false>());
+}
+
+// "stream S4 U2 D4" etc.: int4_stream_lab.cuh's kernel (the weights through a ring of D shared-memory
+// stages a warp by cp.async), one token block, symmetric weights, the scale per slot.
+template <int S, int U, int D>
+Design design_stream() {
+  Design d;
+  d.name = "stream S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D);
+  d.max_tokens = 8;
+  d.min_group = 128;
+  d.needs_sym = true;
+  d.exact = true;
+  d.launch = [](const Args& a, cudaStream_t s) {
+    ingot::cuda::launch("int4_lab_stream", ingot::lab::int4stream::kernel<bf16, S, U, D>,
+                        dim3(ingot::lab::int4stream::grid_blocks(a)), dim3(S * 32), 0, s, a);
+  };
+  return d;
 }
 
 // NT = 4, 8 with x reordered first (the lab's buffer at a.xf), both launches timed.
@@ -157,6 +176,10 @@ std::vector<Design> designs() {
   add_scalings<8, 4, 1, false>(v);
   add_scalings<16, 1, 1, false>(v);
   add_scalings<16, 2, 1, false>(v);
+  for (Design d : {design_stream<4, 2, 4>(), design_stream<4, 1, 4>(), design_stream<4, 2, 3>(),
+                   design_stream<4, 4, 2>(), design_stream<8, 1, 4>(), design_stream<8, 2, 2>(),
+                   design_stream<2, 4, 4>(), design_stream<16, 1, 2>()})
+    v.push_back(d);
   add_wide<2>(v);
   for (Design d : {design_frag<8, 1, 1, 4>(), design_frag<8, 2, 1, 4>(), design_frag<4, 2, 1, 4>(),
                    design_frag<8, 1, 1, 8>(), design_frag<8, 2, 1, 8>(), design_frag<4, 2, 1, 8>(),
