@@ -139,25 +139,37 @@ template <typename T>
 struct Pair {
   using V2 = typename PairOf<T>::V2;
   static constexpr uint32_t kMagic = PairOf<T>::kMagic;
-  // (q - zm) * s2 per half, q and zm holding 2^e + integer (the difference exact), one rounding.
-  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
-    V2 d = __hmul2(__hsub2(*reinterpret_cast<V2*>(&q), *reinterpret_cast<V2*>(&zm)), *reinterpret_cast<V2*>(&s2));
+  // q - zm per half, q and zm holding 2^e + integer: the integer difference, exact.
+  static __device__ __forceinline__ uint32_t sub(uint32_t q, uint32_t zm) {
+    V2 d = __hsub2(*reinterpret_cast<V2*>(&q), *reinterpret_cast<V2*>(&zm));
     return *reinterpret_cast<uint32_t*>(&d);
+  }
+  // (q - zm) * s2 per half (the difference exact), one rounding.
+  static __device__ __forceinline__ uint32_t sub_mul(uint32_t q, uint32_t zm, uint32_t s2) {
+    uint32_t d = sub(q, zm);
+    V2 m = __hmul2(*reinterpret_cast<V2*>(&d), *reinterpret_cast<V2*>(&s2));
+    return *reinterpret_cast<uint32_t*>(&m);
   }
 };
 
-// Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T, low half value c:
-// round((nibble - zero) * scale). zm holds (2^e + zero) in both halves, s2 the scale in both.
-// The mask and the pattern go through one lop3.b32 ((a & b) | c: 0xea): written as C, ptxas emits an
-// AND and an OR (a LOP3 takes one immediate; the 2026-12-03 SASS of the one-token instance had 68
-// LOP3 a load where 32 do), and a nibble pair costs a shift, one LOP3, HADD2 and HMUL2.
+// Values c and c+4 of the 8 nibbles in `word` (c = shift/4 in 0..3) as a pair of T holding 2^e +
+// nibble, low half value c. The mask and the pattern go through one lop3.b32 ((a & b) | c: 0xea):
+// written as C, ptxas emits an AND and an OR (a LOP3 takes one immediate; the 2026-12-03 SASS of the
+// one-token instance had 68 LOP3 a load where 32 do).
 template <typename T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t word, int shift) {
   uint32_t q;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;"
       : "=r"(q)
       : "r"(word >> shift), "n"(0x000f000f), "n"(Pair<T>::kMagic * 0x00010001u));
-  return Pair<T>::sub_mul(q, zm, s2);
+  return q;
+}
+
+// The same pair as round((nibble - zero) * scale): zm holds (2^e + zero) in both halves, s2 the scale
+// in both; a nibble pair costs a shift, one LOP3, HADD2 and HMUL2.
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, uint32_t zm, uint32_t s2) {
+  return Pair<T>::sub_mul(nibble_pair<T>(word, shift), zm, s2);
 }
 
 template <typename T>
@@ -191,9 +203,9 @@ __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t
 //    2^e patterns, no HMUL2), a slot's sums are kept apart in f32 and multiplied by the scale once
 //    (an FFMA per accumulator value). So the product is that of the stored values up to f32
 //    summation, without PerWeight's rounding of each weight to 16 bits (2^-9 relative for bf16): the
-//    lab's error against the exact product fell from 0.018 to 0.003 (docs/quantization.md). Faster
-//    too at one token on the H100 (fewer instructions and registers; 2026-12-06); slower with
-//    several token blocks (a slot's NT x W sums), which keep PerWeight.
+//    lab's error against the exact product fell from 0.018 to 0.003 (docs/quantization.md), at the
+//    same end-to-end speed at one token (an H100, 2026-12-06: 335.7 against 338.5 tok/s in one call,
+//    within the noise); 4% slower with several token blocks, which keep PerWeight.
 enum class Scaling { PerWeight, PerSlot };
 
 // The A fragment of a_fragment's columns as the exact integers nibble - zero (zma, zmb: 2^e + zero of
@@ -201,18 +213,10 @@ enum class Scaling { PerWeight, PerSlot };
 template <typename T>
 __device__ __forceinline__ void int_fragment(uint32_t wa, uint32_t wb, uint32_t zma, uint32_t zmb, int h,
                                              uint32_t (&A)[4]) {
-  using V2 = typename Pair<T>::V2;
-  const int sh[4] = {8 * h, 8 * h, 8 * h + 4, 8 * h + 4};
-  const uint32_t w[4] = {wa, wb, wa, wb}, zm[4] = {zma, zmb, zma, zmb};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t q;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;"
-        : "=r"(q)
-        : "r"(w[i] >> sh[i]), "n"(0x000f000f), "n"(Pair<T>::kMagic * 0x00010001u));
-    V2 d = __hsub2(*reinterpret_cast<V2*>(&q), *reinterpret_cast<const V2*>(&zm[i]));
-    A[i] = *reinterpret_cast<uint32_t*>(&d);
-  }
+  A[0] = Pair<T>::sub(nibble_pair<T>(wa, 8 * h), zma);
+  A[1] = Pair<T>::sub(nibble_pair<T>(wb, 8 * h), zmb);
+  A[2] = Pair<T>::sub(nibble_pair<T>(wa, 8 * h + 4), zma);
+  A[3] = Pair<T>::sub(nibble_pair<T>(wb, 8 * h + 4), zmb);
 }
 
 // A scale pair's value (both halves hold it) in f32.

@@ -218,21 +218,21 @@ Int4Design int4_design(int N, int K) {
 // the 128 columns of an MMA (Scaling::PerSlot, group 128+). The batch instances keep the instance that
 // tests for zeros (batch 16 lost 7.5% without it, 2026-12-04) and the scale per weight (per slot:
 // 3,963 against 4,134 tok/s at batch 16 and 8,236 against 8,601 at 64 on an H100, 2026-12-06).
+template <typename T, class Out, class Sp, bool kZeros>
+void launch_one_block(const int4gemv::Args& a, const dim3& grid, const dim3& block, cudaStream_t s) {
+  using int4gemv::Scaling;
+  if (a.group_shift >= 7)
+    return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros, Scaling::PerSlot>, grid, block,
+                  0, s, a);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros>, grid, block, 0, s, a);
+}
+
 template <typename T, class Out, class Sp, int NT = 1, bool X = false>
 void launch_design(const int4gemv::Args& a, cudaStream_t s) {
-  using int4gemv::Scaling;
   const dim3 grid(int4gemv::grid_blocks<Sp, Out>(a)), block(Sp::R * Sp::S * 32);
   if constexpr (NT == 1) {
-    const bool slot = a.group_shift >= 7;
-    if (!a.zeros) {
-      if (slot)
-        return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, false, Scaling::PerSlot>, grid,
-                      block, 0, s, a);
-      return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, false>, grid, block, 0, s, a);
-    }
-    if (slot)
-      return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, true, Scaling::PerSlot>, grid, block,
-                    0, s, a);
+    if (a.zeros) return launch_one_block<T, Out, Sp, true>(a, grid, block, s);
+    return launch_one_block<T, Out, Sp, false>(a, grid, block, s);
   }
   launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
 }
