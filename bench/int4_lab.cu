@@ -25,8 +25,9 @@
 // row in flight, R tiles per block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16
 // tokens, the single-block ones at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
-// loads, " ws" the scale per slot, " z0" no zero points, "stream S4 U2 D4" int4_stream_lab.cuh's
-// cp.async ring of D stages (symmetric runs only).
+// loads, " ws" the scale per slot, " z0" no zero points, "ring S4 U2 D4" / "reg S4 U4" int4_stream_lab.cuh's
+// cp.async ring of D stages / its register loads, " T" with the weights in its tiled layout (symmetric
+// runs only).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,6 +38,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
@@ -86,18 +88,36 @@ void add_scalings(std::vector<Design>& v) {
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false>());
 }
 
-// "stream S4 U2 D4" etc.: int4_stream_lab.cuh's kernel (the weights through a ring of D shared-memory
-// stages a warp by cp.async), one token block, symmetric weights, the scale per slot.
-template <int S, int U, int D>
-Design design_stream() {
+// int4_stream_lab.cuh's designs (symmetric weights, one token block, the scale per slot): "ring S4 U2
+// D4" the weights through a ring of D shared-memory stages a warp by cp.async; "reg S4 U4 (P)" register
+// loads as the library takes them; " T" the weights in the tiled layout (each warp load 512 contiguous
+// bytes; the lab uploads a re-laid-out copy for these).
+template <bool Tiled>
+using LabLayout = std::conditional_t<Tiled, ingot::lab::int4stream::TileLayout, ingot::lab::int4stream::RowLayout>;
+Design stream_base(std::string name, bool tiled) {
   Design d;
-  d.name = "stream S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D);
+  d.name = std::move(name) + (tiled ? " T" : "");
   d.max_tokens = 8;
   d.min_group = 128;
   d.needs_sym = true;
   d.exact = true;
+  d.tiled = tiled;
+  return d;
+}
+template <bool Tiled, int S, int U, int D>
+Design design_ring() {
+  Design d = stream_base("ring S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D), Tiled);
   d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::launch("int4_lab_stream", ingot::lab::int4stream::kernel<bf16, S, U, D>,
+    ingot::cuda::launch("int4_lab_ring", ingot::lab::int4stream::ring_kernel<bf16, LabLayout<Tiled>, S, U, D>,
+                        dim3(ingot::lab::int4stream::grid_blocks(a)), dim3(S * 32), 0, s, a);
+  };
+  return d;
+}
+template <bool Tiled, int S, int U, bool P>
+Design design_reg() {
+  Design d = stream_base("reg S" + std::to_string(S) + " U" + std::to_string(U) + (P ? " P" : ""), Tiled);
+  d.launch = [](const Args& a, cudaStream_t s) {
+    ingot::cuda::launch("int4_lab_reg", ingot::lab::int4stream::reg_kernel<bf16, LabLayout<Tiled>, S, U, P>,
                         dim3(ingot::lab::int4stream::grid_blocks(a)), dim3(S * 32), 0, s, a);
   };
   return d;
@@ -176,9 +196,13 @@ std::vector<Design> designs() {
   add_scalings<8, 4, 1, false>(v);
   add_scalings<16, 1, 1, false>(v);
   add_scalings<16, 2, 1, false>(v);
-  for (Design d : {design_stream<4, 2, 4>(), design_stream<4, 1, 4>(), design_stream<4, 2, 3>(),
-                   design_stream<4, 4, 2>(), design_stream<8, 1, 4>(), design_stream<8, 2, 2>(),
-                   design_stream<2, 4, 4>(), design_stream<16, 1, 2>()})
+  for (Design d : {design_ring<false, 4, 2, 4>(), design_ring<false, 8, 1, 4>(), design_ring<false, 4, 4, 2>(),
+                   design_ring<true, 4, 2, 4>(), design_ring<true, 4, 1, 4>(), design_ring<true, 4, 2, 3>(),
+                   design_ring<true, 4, 4, 2>(), design_ring<true, 8, 1, 4>(), design_ring<true, 8, 2, 2>(),
+                   design_ring<true, 2, 4, 4>(), design_ring<true, 16, 1, 2>(), design_reg<false, 4, 4, false>(),
+                   design_reg<false, 8, 2, false>(), design_reg<true, 4, 4, false>(), design_reg<true, 4, 2, true>(),
+                   design_reg<true, 4, 4, true>(), design_reg<true, 8, 2, false>(), design_reg<true, 8, 1, true>(),
+                   design_reg<true, 8, 4, false>(), design_reg<true, 16, 1, false>(), design_reg<true, 2, 4, true>()})
     v.push_back(d);
   add_wide<2>(v);
   for (Design d : {design_frag<8, 1, 1, 4>(), design_frag<8, 2, 1, 4>(), design_frag<4, 2, 1, 4>(),
@@ -268,6 +292,19 @@ int main(int argc, char** argv) {
       ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
       ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
     }
+    // The same copies with the weights in the tiled layout, for the designs that read it (N and K
+    // multiples of 16 and 128 in every shape here).
+    uint8_t* pool_tiled = nullptr;
+    if (sh.N % 16 == 0 && sh.K % 128 == 0) {
+      const std::vector<uint8_t> hwt = ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K);
+      ck(cudaMalloc(&pool_tiled, copy * size_t(copies)), "malloc");
+      for (int c = 0; c < copies; ++c) {
+        uint8_t* base = pool_tiled + size_t(c) * copy;
+        ck(cudaMemcpy(base, hwt.data(), wbytes, cudaMemcpyHostToDevice), "upload");
+        ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
+        ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
+      }
+    }
     bf16 *x, *y;  // [T, K], [T, N]
     void* xf;     // x in fragment order (the 4- and 8-block instances), as the library's scratch
     ck(cudaMalloc(&xf, size_t(ingot::cuda::int4gemv::xfrag_bytes(sh.K, 8))), "malloc");
@@ -320,12 +357,14 @@ int main(int argc, char** argv) {
     std::vector<Run> runs;
     for (const Design& d : all) {
       if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
-      if (sh.T < d.min_tokens || sh.T > d.max_tokens || sh.G < d.min_group || (d.needs_sym && !sym)) continue;
+      if (sh.T < d.min_tokens || sh.T > d.max_tokens || sh.G < d.min_group || (d.needs_sym && !sym) ||
+          (d.tiled && !pool_tiled))
+        continue;
       ck(cudaMemset(y, 0xff, size_t(sh.T) * size_t(sh.N) * 2), "memset");  // NaN until written
       Run r{&d, nullptr, nullptr, 0, 0, 1e30};
       ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
       for (int c = 0; c < copies; ++c) {
-        const uint8_t* base = pool + size_t(c) * copy;
+        const uint8_t* base = (d.tiled ? pool_tiled : pool) + size_t(c) * copy;
         d.launch(Args{x, sh.K, base, sh.K / 2, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);
@@ -370,6 +409,7 @@ int main(int argc, char** argv) {
       ck(cudaGraphDestroy(r.g), "destroy");
     }
     ck(cudaFree(pool), "free");
+    if (pool_tiled) ck(cudaFree(pool_tiled), "free");
     ck(cudaFree(x), "free");
     ck(cudaFree(xf), "free");
     ck(cudaFree(y), "free");

@@ -1,22 +1,30 @@
-// A lab-only design for bench/int4_lab.cu (issue 12; written 2026-12-06, not yet run on a GPU): the
-// one-token INT4 decode product with the weights streamed through a ring of D shared-memory stages per
-// warp by cp.async, instead of each warp's own register loads.
+// Lab-only designs for bench/int4_lab.cu (issue 12; 2026-12-06): the one-token INT4 decode product
+// with (a) the weights streamed through a ring of D shared-memory stages per warp by cp.async instead
+// of each warp's own register loads, and (b) the weights re-laid out at build time in tiles, so that
+// every warp load is 512 contiguous bytes (Marlin stores its weights that way) instead of 64 bytes of
+// each of 8 rows.
 //
 // Why: ncu on the library's one-token kernel (an H100, 2026-12-06, docs/quantization.md) showed it
 // latency-bound with few warps in flight: 130 registers a thread, 3 blocks of 4 warps an SM, 0.76
-// eligible warps a scheduler, the largest stall the wait on global loads. Here a warp keeps D - 1
-// steps of its weights in flight in shared memory while it computes on the oldest, so the bytes in
-// flight no longer cost registers (Marlin's structure, in the form of this repository's kernel: the
-// same tile, the same slots, the same per-slot scaling).
+// eligible warps a scheduler, the largest stall the wait on global loads; and DRAM at ~40% of its
+// peak while the 16-bit GEMV, whose warp loads are whole 512-byte runs of one row, reaches 84%.
+// (a) keeps D - 1 steps of a warp's weights in flight without registers; (b) tests whether the row
+// layout's scattered 64-byte pieces are what holds the DRAM back.
+//
+// The tiled layout (TileLayout, tile_layout() writes it from the row layout): [N/16, K/128, 2, 32] x 16
+// bytes: 16-row tile r, quad Q (columns 128Q .. 128Q + 127), half h, lane 4g + t holds the 16 bytes of
+// row 16r + 8h + g at piece 4Q + t, i.e. exactly what lane (g, t) of the kernel loads as qa (h = 0)
+// and qb (h = 1) in one slot. N a multiple of 16, K of 128 (the lab's shapes).
 //
 // Each lane copies and later reads back only its own 16-byte pieces, so cp.async's wait is the only
 // synchronisation the ring needs (mma_tiles.cuh, cp_async16). Symmetric weights only (every zero 8;
 // a.zeros must be null), groups of 128 or more (the scale per slot, Scaling::PerSlot), 1..8 tokens,
-// PlainOut. If it wins in the lab it moves into int4_gemv_kernel.cuh as a split of the library's kernel.
+// PlainOut. What wins here moves into int4_gemv_kernel.cuh as a split of the library's kernel.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
 
@@ -24,24 +32,89 @@ namespace ingot::lab::int4stream {
 
 using cuda::int4gemv::Args;
 
-// S warps per 16-row tile splitting K as the library's kernel does (step i, slot u, lane t: piece
-// (i * S + part) * 4U + 4u + t), U slots a step, D stages in the ring.
-template <typename T, int S, int U, int D>
-__global__ void __launch_bounds__(S * 32) kernel(Args a) {
+// Where lane (g, t)'s 16 bytes of half h (row g or g + 8 of the tile) at piece p lie.
+struct RowLayout {
+  const uint8_t* wa;
+  const uint8_t* wb;
+  __device__ RowLayout(const Args& a, int n0, int g) {
+    const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);  // rows past N read the last row
+    wa = a.w + int64_t(ra) * a.w_ld;
+    wb = a.w + int64_t(rb) * a.w_ld;
+  }
+  __device__ const uint8_t* at(int p, int h, int) const { return (h ? wb : wa) + int64_t(p) * 16; }
+};
+struct TileLayout {
+  const uint8_t* base;  // the tile's first byte plus the lane's 16 bytes
+  __device__ TileLayout(const Args& a, int n0, int g) {
+    (void)g;
+    base = a.w + int64_t(n0 / 16) * (a.K / 128) * 1024;
+  }
+  // p = 4Q + t, lane = 4g + t
+  __device__ const uint8_t* at(int p, int h, int lane) const {
+    return base + (int64_t(p >> 2) * 2 + h) * 512 + lane * 16;
+  }
+};
+
+// The row layout [N, K/2] rewritten as TileLayout's (host side, for the lab's copies).
+inline std::vector<uint8_t> tile_layout(const std::vector<uint8_t>& rows, int N, int K) {
+  std::vector<uint8_t> out(rows.size());
+  const int pieces = K / 32, quads = K / 128;
+  for (int n = 0; n < N; ++n)
+    for (int p = 0; p < pieces; ++p) {
+      const size_t dst = ((size_t(n / 16) * quads + p / 4) * 2 + (n % 16) / 8) * 512 + (4 * (n % 8) + p % 4) * 16;
+      for (int b = 0; b < 16; ++b) out[dst + b] = rows[size_t(n) * (K / 2) + size_t(p) * 16 + b];
+    }
+  return out;
+}
+
+// One slot's math: lane (g, t)'s 16 bytes of rows g and g + 8 at piece p (qa, qb) against token g's
+// x there, the integer products summed in f32 and scaled once into acc (Scaling::PerSlot).
+template <typename T>
+__device__ __forceinline__ void consume(const Args& a, const T* xr, const T* sca, const T* scb, int p, bool ok,
+                                        uint4 qa, uint4 qb, float (&acc)[4]) {
   namespace ig = cuda::int4gemv;
-  static_assert(D >= 2, "a ring of one stage would wait on every copy");
-  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = int(blockIdx.x) * 16;
-  const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);  // rows past N read the last row
-  const uint8_t* wa = a.w + int64_t(ra) * a.w_ld;
-  const uint8_t* wb = a.w + int64_t(rb) * a.w_ld;
-  const T* sca = static_cast<const T*>(a.scales) + int64_t(ra) * a.s_ld;
-  const T* scb = static_cast<const T*>(a.scales) + int64_t(rb) * a.s_ld;
-  // The tile's scale rows into L2 (read a slot at a time below; the weights come through the ring).
+  const uint32_t zm = (ig::Pair<T>::kMagic | 8u) * 0x00010001u;  // 2^e + 8, both halves
+  const int grp = (p * 32) >> a.group_shift;
+  const float fa = ok ? cuda::to_f(sca[grp]) : 0.f, fb = ok ? cuda::to_f(scb[grp]) : 0.f;
+  uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
+  ig::load_pairs32(xr && ok ? xr + int64_t(p) * 32 : nullptr, xv);
+  const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+  float sm[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t A[4], B[2];
+      ig::int_fragment<T>(wa4[j], wb4[j], zm, zm, h, A);
+      ig::b_fragments(xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3], h, B);
+      cuda::mma::Mma<T>::run(sm[h], A, B[0], B[1]);
+    }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[e]);
+}
+
+// The tile's rows' scale pointers, their lines into L2 before the dependency wait.
+template <typename T>
+__device__ __forceinline__ void scale_rows(const Args& a, int n0, int g, int t, const T*& sca, const T*& scb) {
+  const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);
+  sca = static_cast<const T*>(a.scales) + int64_t(ra) * a.s_ld;
+  scb = static_cast<const T*>(a.scales) + int64_t(rb) * a.s_ld;
   if (t * 64 < (a.K >> a.group_shift)) {
     cuda::prefetch_l2_line(sca + t * 64);
     cuda::prefetch_l2_line(scb + t * 64);
   }
+}
+
+// (a) The ring. S warps per 16-row tile splitting K as the library's kernel does (step i, slot u,
+// lane t: piece (i * S + part) * 4U + 4u + t), U slots a step, D stages in the ring; L the layout.
+template <typename T, class L, int S, int U, int D>
+__global__ void __launch_bounds__(S * 32) ring_kernel(Args a) {
+  static_assert(D >= 2, "a ring of one stage would wait on every copy");
+  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = int(blockIdx.x) * 16;
+  const L lay(a, n0, g);
+  const T *sca, *scb;
+  scale_rows<T>(a, n0, g, t, sca, scb);
   cuda::pdl_wait();
   cuda::pdl_trigger();
 
@@ -58,8 +131,9 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
       for (int u = 0; u < U; ++u) {
         const int p = (step * S + part) * 4 * U + 4 * u + t;
         const bool ok = p < pieces;
-        cuda::mma::cp_async16(&ring[part][step % D][u][0][lane], ok ? wa + int64_t(p) * 16 : wa, ok);
-        cuda::mma::cp_async16(&ring[part][step % D][u][1][lane], ok ? wb + int64_t(p) * 16 : wb, ok);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          cuda::mma::cp_async16(&ring[part][step % D][u][h][lane], lay.at(ok ? p : 0, h, lane), ok);
       }
     }
     cuda::mma::cp_async_commit();
@@ -68,7 +142,6 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
   for (int i = 0; i < D - 1; ++i) issue(i);
 
   const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
-  const uint32_t zm = (ig::Pair<T>::kMagic | 8u) * 0x00010001u;  // 2^e + 8, both halves
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int i = 0; i < steps; ++i) {
     issue(i + D - 1);
@@ -79,25 +152,7 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
       const int q = (i * S + part) * 4 * U + 4 * u;
       if (q >= pieces) break;  // warp-uniform
       const int p = q + t;
-      const bool ok = p < pieces;
-      const uint4 qa = ring[part][stage][u][0][lane], qb = ring[part][stage][u][1][lane];
-      const int grp = (p * 32) >> a.group_shift;
-      const float fa = ok ? cuda::to_f(sca[grp]) : 0.f, fb = ok ? cuda::to_f(scb[grp]) : 0.f;
-      uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
-      ig::load_pairs32(xr && ok ? xr + int64_t(p) * 32 : nullptr, xv);
-      const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
-      float sm[2][4] = {};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t A[4], B[2];
-          ig::int_fragment<T>(wa4[j], wb4[j], zm, zm, h, A);
-          ig::b_fragments(xv[4 * j], xv[4 * j + 1], xv[4 * j + 2], xv[4 * j + 3], h, B);
-          cuda::mma::Mma<T>::run(sm[h], A, B[0], B[1]);
-        }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[e]);
+      consume<T>(a, xr, sca, scb, p, p < pieces, ring[part][stage][u][0][lane], ring[part][stage][u][1][lane], acc);
     }
   }
   cuda::mma::cp_async_wait<0>();  // the trailing empty groups
@@ -105,7 +160,60 @@ __global__ void __launch_bounds__(S * 32) kernel(Args a) {
   cuda::mma::store_tile<T, S>(a, acc, S > 1 ? partial : nullptr, part, lane, n0, 0);
 }
 
-// The grid of kernel<T, S, U, D>: one block a 16-row tile.
+// (b) Register loads, as the library's kernel takes them, from layout L: U slots a step, all loaded
+// before the step's math; P: the next step's loads issued before this step's math (two register sets).
+template <typename T, class L, int S, int U, bool P>
+__global__ void __launch_bounds__(S * 32) reg_kernel(Args a) {
+  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = int(blockIdx.x) * 16;
+  const L lay(a, n0, g);
+  const T *sca, *scb;
+  scale_rows<T>(a, n0, g, t, sca, scb);
+  cuda::pdl_wait();
+  cuda::pdl_trigger();
+  const int pieces = a.K / 32;
+  constexpr int kStepPieces = S * 4 * U;
+  const int steps = (pieces + kStepPieces - 1) / kStepPieces;
+  const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
+  auto load = [&](uint4 (&q)[U][2], int step) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = (step * S + part) * 4 * U + 4 * u + t;
+      const bool ok = step < steps && p < pieces;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) q[u][h] = ok ? cuda::load_stream16(lay.at(p, h, lane)) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto math = [&](const uint4 (&q)[U][2], int step, float (&acc)[4]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int qq = (step * S + part) * 4 * U + 4 * u;
+      if (qq >= pieces) break;  // warp-uniform
+      consume<T>(a, xr, sca, scb, qq + t, qq + t < pieces, q[u][0], q[u][1], acc);
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 q0[U][2];
+  load(q0, 0);
+  if constexpr (P) {
+    uint4 q1[U][2];
+    for (int i = 0; i < steps; i += 2) {
+      load(q1, i + 1);
+      math(q0, i, acc);
+      load(q0, i + 2);
+      math(q1, i + 1, acc);
+    }
+  } else {
+    for (int i = 0; i < steps; ++i) {
+      math(q0, i, acc);
+      if (i + 1 < steps) load(q0, i + 1);
+    }
+  }
+  __shared__ float partial[S][4][32];
+  cuda::mma::store_tile<T, S>(a, acc, S > 1 ? partial : nullptr, part, lane, n0, 0);
+}
+
+// The grid of either kernel: one block a 16-row tile.
 inline unsigned grid_blocks(const Args& a) { return unsigned((a.N + 15) / 16); }
 
 }  // namespace ingot::lab::int4stream
