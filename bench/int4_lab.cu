@@ -91,34 +91,36 @@ void add_scalings(std::vector<Design>& v) {
 // int4_stream_lab.cuh's designs (symmetric weights, one token block, the scale per slot): "ring S4 U2
 // D4" the weights through a ring of D shared-memory stages a warp by cp.async; "reg S4 U4 (P)" register
 // loads as the library takes them; " T" the weights in the tiled layout (each warp load 512 contiguous
-// bytes; the lab uploads a re-laid-out copy for these).
-template <bool Tiled>
-using LabLayout = std::conditional_t<Tiled, ingot::lab::int4stream::TileLayout, ingot::lab::int4stream::RowLayout>;
-Design stream_base(std::string name, bool tiled) {
+// bytes; the lab uploads a re-laid-out copy for these), " B" in its 8-row-block layout (likewise).
+namespace lab4 = ingot::lab::int4stream;
+template <int Layout>
+using LabLayout = std::conditional_t<Layout == 0, lab4::RowLayout,
+                                     std::conditional_t<Layout == 1, lab4::TileLayout, lab4::BlockLayout>>;
+Design stream_base(std::string name, int layout) {
   Design d;
-  d.name = std::move(name) + (tiled ? " T" : "");
+  d.name = std::move(name) + (layout == 1 ? " T" : layout == 2 ? " B" : "");
   d.max_tokens = 8;
   d.min_group = 128;
   d.needs_sym = true;
   d.exact = true;
-  d.tiled = tiled;
+  d.layout = layout;
   return d;
 }
-template <bool Tiled, int S, int U, int D>
+template <int Layout, int S, int U, int D>
 Design design_ring() {
-  Design d = stream_base("ring S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D), Tiled);
+  Design d = stream_base("ring S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D), Layout);
   d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::launch("int4_lab_ring", ingot::lab::int4stream::ring_kernel<bf16, LabLayout<Tiled>, S, U, D>,
-                        dim3(ingot::lab::int4stream::grid_blocks(a)), dim3(S * 32), 0, s, a);
+    ingot::cuda::launch("int4_lab_ring", lab4::ring_kernel<bf16, LabLayout<Layout>, S, U, D>,
+                        dim3(lab4::grid_blocks(a)), dim3(S * 32), 0, s, a);
   };
   return d;
 }
-template <bool Tiled, int S, int U, bool P>
+template <int Layout, int S, int U, bool P>
 Design design_reg() {
-  Design d = stream_base("reg S" + std::to_string(S) + " U" + std::to_string(U) + (P ? " P" : ""), Tiled);
+  Design d = stream_base("reg S" + std::to_string(S) + " U" + std::to_string(U) + (P ? " P" : ""), Layout);
   d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::launch("int4_lab_reg", ingot::lab::int4stream::reg_kernel<bf16, LabLayout<Tiled>, S, U, P>,
-                        dim3(ingot::lab::int4stream::grid_blocks(a)), dim3(S * 32), 0, s, a);
+    ingot::cuda::launch("int4_lab_reg", lab4::reg_kernel<bf16, LabLayout<Layout>, S, U, P>,
+                        dim3(lab4::grid_blocks(a)), dim3(S * 32), 0, s, a);
   };
   return d;
 }
@@ -196,13 +198,20 @@ std::vector<Design> designs() {
   add_scalings<8, 4, 1, false>(v);
   add_scalings<16, 1, 1, false>(v);
   add_scalings<16, 2, 1, false>(v);
-  for (Design d : {design_ring<false, 4, 2, 4>(), design_ring<false, 8, 1, 4>(), design_ring<false, 4, 4, 2>(),
-                   design_ring<true, 4, 2, 4>(), design_ring<true, 4, 1, 4>(), design_ring<true, 4, 2, 3>(),
-                   design_ring<true, 4, 4, 2>(), design_ring<true, 8, 1, 4>(), design_ring<true, 8, 2, 2>(),
-                   design_ring<true, 2, 4, 4>(), design_ring<true, 16, 1, 2>(), design_reg<false, 4, 4, false>(),
-                   design_reg<false, 8, 2, false>(), design_reg<true, 4, 4, false>(), design_reg<true, 4, 2, true>(),
-                   design_reg<true, 4, 4, true>(), design_reg<true, 8, 2, false>(), design_reg<true, 8, 1, true>(),
-                   design_reg<true, 8, 4, false>(), design_reg<true, 16, 1, false>(), design_reg<true, 2, 4, true>()})
+  // The library's launcher a second time: how far apart two timings of one kernel land (the noise).
+  Design again = library();
+  again.name = "lib again";
+  v.push_back(again);
+  for (Design d : {design_ring<0, 4, 2, 4>(), design_ring<0, 8, 1, 4>(), design_ring<0, 4, 4, 2>(),
+                   design_ring<1, 4, 2, 4>(), design_ring<1, 4, 1, 4>(), design_ring<1, 4, 2, 3>(),
+                   design_ring<1, 4, 4, 2>(), design_ring<1, 8, 1, 4>(), design_ring<1, 8, 2, 2>(),
+                   design_ring<1, 2, 4, 4>(), design_ring<1, 16, 1, 2>(), design_ring<2, 4, 2, 4>(),
+                   design_ring<2, 8, 1, 4>(), design_reg<0, 4, 4, false>(), design_reg<0, 8, 2, false>(),
+                   design_reg<1, 4, 4, false>(), design_reg<1, 4, 2, true>(), design_reg<1, 4, 4, true>(),
+                   design_reg<1, 8, 2, false>(), design_reg<1, 8, 1, true>(), design_reg<1, 8, 4, false>(),
+                   design_reg<1, 16, 1, false>(), design_reg<1, 2, 4, true>(), design_reg<2, 4, 4, false>(),
+                   design_reg<2, 8, 2, false>(), design_reg<2, 4, 2, true>(), design_reg<0, 16, 1, false>(),
+                   design_reg<0, 8, 1, true>()})
     v.push_back(d);
   add_wide<2>(v);
   for (Design d : {design_frag<8, 1, 1, 4>(), design_frag<8, 2, 1, 4>(), design_frag<4, 2, 1, 4>(),
@@ -292,14 +301,14 @@ int main(int argc, char** argv) {
       ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
       ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
     }
-    // The same copies with the weights in the tiled layout, for the designs that read it (N and K
-    // multiples of 16 and 128 in every shape here).
-    uint8_t* pool_tiled = nullptr;
-    if (sh.N % 16 == 0 && sh.K % 128 == 0) {
-      const std::vector<uint8_t> hwt = ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K);
-      ck(cudaMalloc(&pool_tiled, copy * size_t(copies)), "malloc");
+    // The same copies with the weights in int4_stream_lab.cuh's layouts (index 1 tiles, 2 8-row blocks),
+    // for the designs that read them (N and K multiples of 16 and 128 in every shape here).
+    uint8_t* pools[3] = {pool, nullptr, nullptr};
+    for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l) {
+      const std::vector<uint8_t> hwt = ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2);
+      ck(cudaMalloc(&pools[l], copy * size_t(copies)), "malloc");
       for (int c = 0; c < copies; ++c) {
-        uint8_t* base = pool_tiled + size_t(c) * copy;
+        uint8_t* base = pools[l] + size_t(c) * copy;
         ck(cudaMemcpy(base, hwt.data(), wbytes, cudaMemcpyHostToDevice), "upload");
         ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
         ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
@@ -358,13 +367,13 @@ int main(int argc, char** argv) {
     for (const Design& d : all) {
       if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
       if (sh.T < d.min_tokens || sh.T > d.max_tokens || sh.G < d.min_group || (d.needs_sym && !sym) ||
-          (d.tiled && !pool_tiled))
+          !pools[d.layout])
         continue;
       ck(cudaMemset(y, 0xff, size_t(sh.T) * size_t(sh.N) * 2), "memset");  // NaN until written
       Run r{&d, nullptr, nullptr, 0, 0, 1e30};
       ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
       for (int c = 0; c < copies; ++c) {
-        const uint8_t* base = (d.tiled ? pool_tiled : pool) + size_t(c) * copy;
+        const uint8_t* base = pools[d.layout] + size_t(c) * copy;
         d.launch(Args{x, sh.K, base, sh.K / 2, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);
@@ -397,7 +406,7 @@ int main(int argc, char** argv) {
       // bf16 output rounding is 2^-9 relative; f32 sums of K products add far less. Each design against
       // the product it computes: of the rounded weights (per weight) or of the stored values (per slot).
       // "lib" takes the scale per slot at one token block with groups of 128+ (int4_linear.cu).
-      const bool exact_ref = d.exact || (d.name == "lib" && sh.G >= 128 && sh.T <= 8);
+      const bool exact_ref = d.exact || (d.name.rfind("lib", 0) == 0 && sh.G >= 128 && sh.T <= 8);
       const bool wrong = !((exact_ref ? r.worst_x : r.worst) <= 0.01);
       failed = failed || wrong;
       std::snprintf(line, sizeof line, "%-18s %-14s %2d %4d %9.2f %9.0f %9.5f %9.5f%s", d.name.c_str(), sh.name, sh.T,
@@ -408,8 +417,8 @@ int main(int argc, char** argv) {
       ck(cudaGraphExecDestroy(r.ge), "destroy");
       ck(cudaGraphDestroy(r.g), "destroy");
     }
-    ck(cudaFree(pool), "free");
-    if (pool_tiled) ck(cudaFree(pool_tiled), "free");
+    for (uint8_t* p : pools)
+      if (p) ck(cudaFree(p), "free");
     ck(cudaFree(x), "free");
     ck(cudaFree(xf), "free");
     ck(cudaFree(y), "free");

@@ -55,13 +55,33 @@ struct TileLayout {
   }
 };
 
-// The row layout [N, K/2] rewritten as TileLayout's (host side, for the lab's copies).
-inline std::vector<uint8_t> tile_layout(const std::vector<uint8_t>& rows, int N, int K) {
+// The layout that does not depend on how rows pair into tiles (a fused gate/up's tile pairs gate row m
+// with up row I + m): [N/8, K/128, 32] x 16 bytes, 8-row block b, quad Q, lane 4g + t: row 8b + g at
+// piece 4Q + t. A warp load is still 512 contiguous bytes; a tile's two halves are two blocks.
+struct BlockLayout {
+  const uint8_t* wa;
+  const uint8_t* wb;
+  __device__ BlockLayout(const Args& a, int n0, int g) {
+    (void)g;
+    const int64_t block = int64_t(a.K / 128) * 512;
+    wa = a.w + int64_t(n0 / 8) * block;
+    wb = wa + block;
+  }
+  __device__ const uint8_t* at(int p, int h, int lane) const {
+    return (h ? wb : wa) + int64_t(p >> 2) * 512 + lane * 16;
+  }
+};
+
+// The row layout [N, K/2] rewritten as TileLayout's (block8 false) or BlockLayout's (true), host side,
+// for the lab's copies.
+inline std::vector<uint8_t> tile_layout(const std::vector<uint8_t>& rows, int N, int K, bool block8) {
   std::vector<uint8_t> out(rows.size());
   const int pieces = K / 32, quads = K / 128;
   for (int n = 0; n < N; ++n)
     for (int p = 0; p < pieces; ++p) {
-      const size_t dst = ((size_t(n / 16) * quads + p / 4) * 2 + (n % 16) / 8) * 512 + (4 * (n % 8) + p % 4) * 16;
+      const size_t lane16 = size_t(4 * (n % 8) + p % 4) * 16;
+      const size_t dst = block8 ? (size_t(n / 8) * quads + p / 4) * 512 + lane16
+                                : ((size_t(n / 16) * quads + p / 4) * 2 + (n % 16) / 8) * 512 + lane16;
       for (int b = 0; b < 16; ++b) out[dst + b] = rows[size_t(n) * (K / 2) + size_t(p) * 16 + b];
     }
   return out;
