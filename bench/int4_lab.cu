@@ -26,8 +26,8 @@
 // tokens, the single-block ones at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
 // loads, " ws" the scale per slot, " z0" no zero points, "ring S4 U2 D4" / "reg S4 U4" int4_stream_lab.cuh's
-// cp.async ring of D stages / its register loads, " T" with the weights in its tiled layout (symmetric
-// runs only).
+// cp.async ring of D stages / its register loads, " T" / " B" with the weights in its 16-row tiles /
+// 8-row blocks (symmetric runs only).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -291,29 +291,24 @@ int main(int argc, char** argv) {
     for (auto& v : hz) v = sym ? uint8_t(8) : uint8_t(nib(rng));
     for (auto& v : hs) v = __float2bfloat16_rn(sc(rng));
     for (auto& v : hx) v = __float2bfloat16_rn(nd(rng));
-    // Every copy in one allocation: copy c's weights, scales and zeros at c * copy (16-byte aligned:
-    // every size above is a multiple of 16).
-    uint8_t* pool;
-    ck(cudaMalloc(&pool, copy * size_t(copies)), "malloc");
-    for (int c = 0; c < copies; ++c) {
-      uint8_t* base = pool + size_t(c) * copy;
-      ck(cudaMemcpy(base, hw.data(), wbytes, cudaMemcpyHostToDevice), "upload");
-      ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
-      ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
-    }
-    // The same copies with the weights in int4_stream_lab.cuh's layouts (index 1 tiles, 2 8-row blocks),
-    // for the designs that read them (N and K multiples of 16 and 128 in every shape here).
-    uint8_t* pools[3] = {pool, nullptr, nullptr};
-    for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l) {
-      const std::vector<uint8_t> hwt = ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2);
-      ck(cudaMalloc(&pools[l], copy * size_t(copies)), "malloc");
+    // Every copy in one allocation: copy c's weights (packed as `w` holds them), scales and zeros at
+    // c * copy (16-byte aligned: every size above is a multiple of 16).
+    auto upload_pool = [&](const std::vector<uint8_t>& w) {
+      uint8_t* p;
+      ck(cudaMalloc(&p, copy * size_t(copies)), "malloc");
       for (int c = 0; c < copies; ++c) {
-        uint8_t* base = pools[l] + size_t(c) * copy;
-        ck(cudaMemcpy(base, hwt.data(), wbytes, cudaMemcpyHostToDevice), "upload");
+        uint8_t* base = p + size_t(c) * copy;
+        ck(cudaMemcpy(base, w.data(), wbytes, cudaMemcpyHostToDevice), "upload");
         ck(cudaMemcpy(base + wbytes, hs.data(), sbytes, cudaMemcpyHostToDevice), "upload");
         ck(cudaMemcpy(base + wbytes + sbytes, hz.data(), zbytes, cudaMemcpyHostToDevice), "upload");
       }
-    }
+      return p;
+    };
+    // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 and 2 int4_stream_lab.cuh's tiles
+    // and 8-row blocks, for the designs that read them; N and K multiples of 16 and 128 here).
+    uint8_t* pools[3] = {upload_pool(hw), nullptr, nullptr};
+    for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l)
+      pools[l] = upload_pool(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2));
     bf16 *x, *y;  // [T, K], [T, N]
     void* xf;     // x in fragment order (the 4- and 8-block instances), as the library's scratch
     ck(cudaMalloc(&xf, size_t(ingot::cuda::int4gemv::xfrag_bytes(sh.K, 8))), "malloc");

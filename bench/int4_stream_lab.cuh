@@ -113,47 +113,69 @@ __device__ __forceinline__ void consume(const Args& a, const T* xr, const T* sca
   for (int e = 0; e < 4; ++e) acc[e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[e]);
 }
 
-// The tile's rows' scale pointers, their lines into L2 before the dependency wait.
-template <typename T>
-__device__ __forceinline__ void scale_rows(const Args& a, int n0, int g, int t, const T*& sca, const T*& scb) {
-  const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);
-  sca = static_cast<const T*>(a.scales) + int64_t(ra) * a.s_ld;
-  scb = static_cast<const T*>(a.scales) + int64_t(rb) * a.s_ld;
-  if (t * 64 < (a.K >> a.group_shift)) {
-    cuda::prefetch_l2_line(sca + t * 64);
-    cuda::prefetch_l2_line(scb + t * 64);
+// What both kernels' warps start from: the lane's place in the tile, the weights' layout, the scale
+// rows (their lines into L2 before the dependency wait) and token g's x; then the wait. S warps per
+// 16-row tile split K as the library's kernel does: step i, slot u, lane t read piece
+// (i * S + part) * 4U + 4u + t of both rows.
+template <typename T, class L, int S, int U>
+struct Tile {
+  int part, lane, g, t, n0, pieces, steps;
+  L lay;
+  const T *sca, *scb;  // the scale rows of rows g and g + 8
+  const T* xr;         // token g's x, or null past the call's tokens
+  __device__ explicit Tile(const Args& a)
+      : part(int(threadIdx.x) / 32),
+        lane(int(threadIdx.x) & 31),
+        g(lane >> 2),
+        t(lane & 3),
+        n0(int(blockIdx.x) * 16),
+        pieces(a.K / 32),
+        steps((pieces + S * 4 * U - 1) / (S * 4 * U)),
+        lay(a, n0, g) {
+    const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);
+    sca = static_cast<const T*>(a.scales) + int64_t(ra) * a.s_ld;
+    scb = static_cast<const T*>(a.scales) + int64_t(rb) * a.s_ld;
+    if (t * 64 < (a.K >> a.group_shift)) {
+      cuda::prefetch_l2_line(sca + t * 64);
+      cuda::prefetch_l2_line(scb + t * 64);
+    }
+    xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
   }
-}
+  // The first piece of slot u in step `step` (lane t reads this + t).
+  __device__ int slot_piece(int step, int u) const { return (step * S + part) * 4 * U + 4 * u; }
+  // Slot u of step `step` against acc, unless the slot starts past K (warp-uniform).
+  __device__ bool consume_slot(const Args& a, int step, int u, uint4 qa, uint4 qb, float (&acc)[4]) const {
+    const int q = slot_piece(step, u);
+    if (q >= pieces) return false;
+    consume<T>(a, xr, sca, scb, q + t, q + t < pieces, qa, qb, acc);
+    return true;
+  }
+  __device__ void store(const Args& a, float (&acc)[4]) const {
+    __shared__ float partial[S][4][32];  // the tile's S warp sums
+    cuda::mma::store_tile<T, S>(a, acc, S > 1 ? partial : nullptr, part, lane, n0, 0);
+  }
+};
 
-// (a) The ring. S warps per 16-row tile splitting K as the library's kernel does (step i, slot u,
-// lane t: piece (i * S + part) * 4U + 4u + t), U slots a step, D stages in the ring; L the layout.
+// (a) The ring: U slots a step, D stages in the ring; L the layout.
 template <typename T, class L, int S, int U, int D>
 __global__ void __launch_bounds__(S * 32) ring_kernel(Args a) {
   static_assert(D >= 2, "a ring of one stage would wait on every copy");
-  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = int(blockIdx.x) * 16;
-  const L lay(a, n0, g);
-  const T *sca, *scb;
-  scale_rows<T>(a, n0, g, t, sca, scb);
-  cuda::pdl_wait();
-  cuda::pdl_trigger();
-
-  const int pieces = a.K / 32;
-  constexpr int kStepPieces = S * 4 * U;
-  const int steps = (pieces + kStepPieces - 1) / kStepPieces;
+  const Tile<T, L, S, U> w(a);
   __shared__ uint4 ring[S][D][U][2][32];  // [warp, stage, slot, row g | g + 8, lane] 16 bytes each
 
   // Step `step`'s weights into stage step % D (zero-filled past K), one commit group a step, empty
   // past the last step so that the wait below counts the same groups every iteration.
   auto issue = [&](int step) {
-    if (step < steps) {
+    if (step < w.steps) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int p = (step * S + part) * 4 * U + 4 * u + t;
-        const bool ok = p < pieces;
+        const int p = w.slot_piece(step, u) + w.t;
+        const bool ok = p < w.pieces;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          cuda::mma::cp_async16(&ring[part][step % D][u][h][lane], lay.at(ok ? p : 0, h, lane), ok);
+          cuda::mma::cp_async16(&ring[w.part][step % D][u][h][w.lane], w.lay.at(ok ? p : 0, h, w.lane), ok);
       }
     }
     cuda::mma::cp_async_commit();
@@ -161,76 +183,56 @@ __global__ void __launch_bounds__(S * 32) ring_kernel(Args a) {
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) issue(i);
 
-  const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int i = 0; i < steps; ++i) {
+  for (int i = 0; i < w.steps; ++i) {
     issue(i + D - 1);
     cuda::mma::cp_async_wait<D - 1>();  // step i's group (and every earlier one) has landed
-    const int stage = i % D;
+    const uint4(&stage)[U][2][32] = ring[w.part][i % D];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int q = (i * S + part) * 4 * U + 4 * u;
-      if (q >= pieces) break;  // warp-uniform
-      const int p = q + t;
-      consume<T>(a, xr, sca, scb, p, p < pieces, ring[part][stage][u][0][lane], ring[part][stage][u][1][lane], acc);
-    }
+    for (int u = 0; u < U; ++u)
+      if (!w.consume_slot(a, i, u, stage[u][0][w.lane], stage[u][1][w.lane], acc)) break;
   }
   cuda::mma::cp_async_wait<0>();  // the trailing empty groups
-  __shared__ float partial[S][4][32];  // the tile's S warp sums
-  cuda::mma::store_tile<T, S>(a, acc, S > 1 ? partial : nullptr, part, lane, n0, 0);
+  w.store(a, acc);
 }
 
 // (b) Register loads, as the library's kernel takes them, from layout L: U slots a step, all loaded
 // before the step's math; P: the next step's loads issued before this step's math (two register sets).
 template <typename T, class L, int S, int U, bool P>
 __global__ void __launch_bounds__(S * 32) reg_kernel(Args a) {
-  const int part = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = int(blockIdx.x) * 16;
-  const L lay(a, n0, g);
-  const T *sca, *scb;
-  scale_rows<T>(a, n0, g, t, sca, scb);
-  cuda::pdl_wait();
-  cuda::pdl_trigger();
-  const int pieces = a.K / 32;
-  constexpr int kStepPieces = S * 4 * U;
-  const int steps = (pieces + kStepPieces - 1) / kStepPieces;
-  const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
+  const Tile<T, L, S, U> w(a);
   auto load = [&](uint4 (&q)[U][2], int step) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int p = (step * S + part) * 4 * U + 4 * u + t;
-      const bool ok = step < steps && p < pieces;
+      const int p = w.slot_piece(step, u) + w.t;
+      const bool ok = step < w.steps && p < w.pieces;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) q[u][h] = ok ? cuda::load_stream16(lay.at(p, h, lane)) : make_uint4(0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h) q[u][h] = ok ? cuda::load_stream16(w.lay.at(p, h, w.lane)) : make_uint4(0, 0, 0, 0);
     }
   };
   auto math = [&](const uint4 (&q)[U][2], int step, float (&acc)[4]) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int qq = (step * S + part) * 4 * U + 4 * u;
-      if (qq >= pieces) break;  // warp-uniform
-      consume<T>(a, xr, sca, scb, qq + t, qq + t < pieces, q[u][0], q[u][1], acc);
-    }
+    for (int u = 0; u < U; ++u)
+      if (!w.consume_slot(a, step, u, q[u][0], q[u][1], acc)) break;
   };
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 q0[U][2];
   load(q0, 0);
   if constexpr (P) {
     uint4 q1[U][2];
-    for (int i = 0; i < steps; i += 2) {
+    for (int i = 0; i < w.steps; i += 2) {
       load(q1, i + 1);
       math(q0, i, acc);
       load(q0, i + 2);
       math(q1, i + 1, acc);
     }
   } else {
-    for (int i = 0; i < steps; ++i) {
+    for (int i = 0; i < w.steps; ++i) {
       math(q0, i, acc);
-      if (i + 1 < steps) load(q0, i + 1);
+      if (i + 1 < w.steps) load(q0, i + 1);
     }
   }
-  __shared__ float partial[S][4][32];
-  cuda::mma::store_tile<T, S>(a, acc, S > 1 ? partial : nullptr, part, lane, n0, 0);
+  w.store(a, acc);
 }
 
 // The grid of either kernel: one block a 16-row tile.
