@@ -39,9 +39,20 @@ void fill(std::vector<uint8_t>& v, uint64_t seed) {
 }
 
 // Every layer's weights in both forms, the activations and the outputs; built once per process.
+// A packed INT4 weight [N, K] with its bf16 scales, in `layout`.
+Mat weight_mat(void* packed, void* scales, int64_t N, int64_t K, Int4Layout layout) {
+  Mat m{packed, DType::U8, N, K, K / 2};
+  m.int4.data = scales;
+  m.int4.dtype = DType::BF16;
+  m.int4.group_size = kGroup;
+  m.int4.layout = layout;
+  return m;
+}
+
 struct Setup {
   std::unique_ptr<Backend> be;
   std::vector<Buffer> packed, scales, dense;          // [layer * 4 + shape]
+  Int4Layout layouts[4] = {};                         // [shape] as the backend re-laid the packed weights
   std::vector<uint8_t> host_packed0, host_scales0;    // layer 0's o product, for the reference
   std::vector<float> x_host;                          // [kMaxTokens, 14336] bf16-representable
   Buffer x, y;
@@ -81,6 +92,9 @@ struct Setup {
         be->upload(packed[at].get(), p.data(), p.size());
         be->upload(scales[at].get(), sraw.data(), sraw.size());
         be->upload(dense[at].get(), d.data(), d.size());
+        Mat m = weight_mat(packed[at].get(), scales[at].get(), N, K, Int4Layout::Rows);
+        be->relayout_int4(m);  // as a Model's load does
+        layouts[i] = m.int4.layout;
       }
     }
     x_host.resize(size_t(kMaxTokens) * 14336);
@@ -99,11 +113,7 @@ Mat weight(Setup& s, int layer, int i, bool int4) {
   const int64_t N = kShapes[size_t(i)][0], K = kShapes[size_t(i)][1];
   const size_t at = size_t(layer) * 4 + size_t(i);
   if (!int4) return mat(s.dense[at].get(), DType::BF16, N, K);
-  Mat m{s.packed[at].get(), DType::U8, N, K, K / 2};
-  m.int4.data = s.scales[at].get();
-  m.int4.dtype = DType::BF16;
-  m.int4.group_size = kGroup;
-  return m;
+  return weight_mat(s.packed[at].get(), s.scales[at].get(), N, K, s.layouts[i]);
 }
 
 void product(Setup& s, int layer, int i, int64_t T, bool int4) {

@@ -25,9 +25,10 @@
 // row in flight, R tiles per block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16
 // tokens, the single-block ones at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
-// loads, " ws" the scale per slot, " z0" no zero points, "ring S4 U2 D4" / "reg S4 U4" int4_stream_lab.cuh's
-// cp.async ring of D stages / its register loads, " T" / " B" with the weights in its 16-row tiles /
-// 8-row blocks (symmetric runs only).
+// loads, " ws" the scale per slot, " z0" no zero points, " B" the weights in 8-row blocks (backend.h's
+// Int4Layout::Blocks8, as the CUDA backend re-lays them; "lib B" the launcher given such a weight),
+// "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
+// tiles / 8-row blocks (symmetric runs only).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -62,11 +63,15 @@ std::string tiles_name(int W) { return W > 1 ? " W" + std::to_string(W) : ""; }
 // " ws": the one-block instance with the scale applied per slot (Scaling::PerSlot, checked against the
 // exact product); " z0": the instance that reads no zero points (run with INGOT_LAB_SYM=1, whose
 // weights have none).
-template <int S, int U, int R, bool P, int NT = 1, int W = 1, Scaling Sc = Scaling::PerWeight, bool Z = true>
+// Layout 2: the weights in 8-row blocks (backend.h's Int4Layout::Blocks8, " B"), as the CUDA backend
+// re-lays them at load; 0 in rows.
+template <int S, int U, int R, bool P, int NT = 1, int W = 1, Scaling Sc = Scaling::PerWeight, bool Z = true,
+          int Layout = 0>
 Design design() {
   Design d;
   d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "") + tiles_name(W) +
-           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0");
+           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0") + (Layout == 2 ? " B" : "");
+  d.layout = Layout;
   d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
   d.max_tokens = 8 * NT;
   d.min_group = Sc == Scaling::PerWeight ? 0 : 128;
@@ -80,18 +85,21 @@ Design design() {
   return d;
 }
 
-// A one-block split in both scalings without zero points, and with the scale per slot with them.
+// A one-block split in both scalings without zero points, and with the scale per slot with them; the
+// library's one-token instance for symmetric weights (per slot, no zeros) also in 8-row blocks.
 template <int S, int U, int R, bool P>
 void add_scalings(std::vector<Design>& v) {
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerWeight, false>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false>());
+  v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false, 2>());
 }
 
-// int4_stream_lab.cuh's designs (symmetric weights, one token block, the scale per slot): "ring S4 U2
-// D4" the weights through a ring of D shared-memory stages a warp by cp.async; "reg S4 U4 (P)" register
-// loads as the library takes them; " T" the weights in the tiled layout (each warp load 512 contiguous
-// bytes; the lab uploads a re-laid-out copy for these), " B" in its 8-row-block layout (likewise).
+// int4_stream_lab.cuh's designs (symmetric weights, one token block, the scale per slot): "reg S4 U4
+// (P)" register loads as the library takes them; " T" the weights in its tiled layout (each warp load
+// 512 contiguous bytes; the lab uploads a re-laid-out copy for these), " B" in 8-row blocks (likewise).
+// Its cp.async ring of shared-memory stages lost to register loads on every shape (an H100,
+// 2026-12-06, docs/quantization.md) and is gone.
 namespace lab4 = ingot::lab::int4stream;
 template <int Layout>
 using LabLayout = std::conditional_t<Layout == 0, lab4::RowLayout,
@@ -104,15 +112,6 @@ Design stream_base(std::string name, int layout) {
   d.needs_sym = true;
   d.exact = true;
   d.layout = layout;
-  return d;
-}
-template <int Layout, int S, int U, int D>
-Design design_ring() {
-  Design d = stream_base("ring S" + std::to_string(S) + " U" + std::to_string(U) + " D" + std::to_string(D), Layout);
-  d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::launch("int4_lab_ring", lab4::ring_kernel<bf16, LabLayout<Layout>, S, U, D>,
-                        dim3(lab4::grid_blocks(a)), dim3(S * 32), 0, s, a);
-  };
   return d;
 }
 template <int Layout, int S, int U, bool P>
@@ -159,16 +158,19 @@ void add_wide(std::vector<Design>& v) {
   v.push_back(design<8, 1, 1, false, NT, 4>());
 }
 
-// The library's kernels through their public launcher: Args as the Mats it takes.
-Design library() {
+// The library's kernels through their public launcher: Args as the Mats it takes, the weight in rows
+// or (layout 2, "lib B") in 8-row blocks.
+Design library(int layout = 0) {
   Design d;
-  d.name = "lib";
+  d.name = layout == 2 ? "lib B" : "lib";
   d.max_tokens = 64;
+  d.layout = layout;
   d.launch = [](const Args& a, cudaStream_t s) {
     using ingot::DType;
     using ingot::Mat;
     Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
-    Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.w_ld};
+    Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.K / 2};
+    w.int4.layout = a.wm.quad == 512 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
     w.int4.data = const_cast<void*>(a.scales);
     w.int4.dtype = DType::BF16;
     w.int4.group_size = int64_t(1) << a.group_shift;
@@ -186,7 +188,7 @@ Design library() {
 // The library's path, then the kernel's splits around int4_design's picks.
 std::vector<Design> designs() {
   std::vector<Design> v = {
-      library(),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
+      library(),                library(2),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
       design<2, 2, 4, true>(),  design<4, 2, 2, false>(),  design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
       design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
@@ -202,11 +204,7 @@ std::vector<Design> designs() {
   Design again = library();
   again.name = "lib again";
   v.push_back(again);
-  for (Design d : {design_ring<0, 4, 2, 4>(), design_ring<0, 8, 1, 4>(), design_ring<0, 4, 4, 2>(),
-                   design_ring<1, 4, 2, 4>(), design_ring<1, 4, 1, 4>(), design_ring<1, 4, 2, 3>(),
-                   design_ring<1, 4, 4, 2>(), design_ring<1, 8, 1, 4>(), design_ring<1, 8, 2, 2>(),
-                   design_ring<1, 2, 4, 4>(), design_ring<1, 16, 1, 2>(), design_ring<2, 4, 2, 4>(),
-                   design_ring<2, 8, 1, 4>(), design_reg<0, 4, 4, false>(), design_reg<0, 8, 2, false>(),
+  for (Design d : {design_reg<0, 4, 4, false>(), design_reg<0, 8, 2, false>(),
                    design_reg<1, 4, 4, false>(), design_reg<1, 4, 2, true>(), design_reg<1, 4, 4, true>(),
                    design_reg<1, 8, 2, false>(), design_reg<1, 8, 1, true>(), design_reg<1, 8, 4, false>(),
                    design_reg<1, 16, 1, false>(), design_reg<1, 2, 4, true>(), design_reg<2, 4, 4, false>(),
@@ -304,8 +302,8 @@ int main(int argc, char** argv) {
       }
       return p;
     };
-    // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 and 2 int4_stream_lab.cuh's tiles
-    // and 8-row blocks, for the designs that read them; N and K multiples of 16 and 128 here).
+    // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 int4_stream_lab.cuh's tiles, 2 8-row
+    // blocks, for the designs that read them; N and K multiples of 16 and 128 here).
     uint8_t* pools[3] = {upload_pool(hw), nullptr, nullptr};
     for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l)
       pools[l] = upload_pool(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2));
@@ -369,7 +367,9 @@ int main(int argc, char** argv) {
       ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
       for (int c = 0; c < copies; ++c) {
         const uint8_t* base = pools[d.layout] + size_t(c) * copy;
-        d.launch(Args{x, sh.K, base, sh.K / 2, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
+        const auto wm = d.layout == 2 ? ingot::cuda::int4gemv::WeightMap::blocks8(sh.K)
+                                      : ingot::cuda::int4gemv::WeightMap::rows(sh.K / 2);  // the lab's own (T) ignore it
+        d.launch(Args{x, sh.K, base, wm, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);
       }

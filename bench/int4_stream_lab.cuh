@@ -1,25 +1,21 @@
 // Lab-only designs for bench/int4_lab.cu (issue 12; 2026-12-06): the one-token INT4 decode product
-// with (a) the weights streamed through a ring of D shared-memory stages per warp by cp.async instead
-// of each warp's own register loads, and (b) the weights re-laid out at build time in tiles, so that
-// every warp load is 512 contiguous bytes (Marlin stores its weights that way) instead of 64 bytes of
-// each of 8 rows.
+// with the weights re-laid out in tiles, so that every warp load is 512 contiguous bytes (Marlin
+// stores its weights that way) instead of 64 bytes of each of 8 rows.
 //
 // Why: ncu on the library's one-token kernel (an H100, 2026-12-06, docs/quantization.md) showed it
-// latency-bound with few warps in flight: 130 registers a thread, 3 blocks of 4 warps an SM, 0.76
-// eligible warps a scheduler, the largest stall the wait on global loads; and DRAM at ~40% of its
-// peak while the 16-bit GEMV, whose warp loads are whole 512-byte runs of one row, reaches 84%.
-// (a) keeps D - 1 steps of a warp's weights in flight without registers; (b) tests whether the row
-// layout's scattered 64-byte pieces are what holds the DRAM back.
+// latency-bound with few warps in flight and DRAM at ~40% of its peak, while the 16-bit GEMV, whose
+// warp loads are whole 512-byte runs of one row, reaches 84%. A cp.async ring of shared-memory stages
+// per warp, tried here the same day, lost to register loads on every shape and was removed. The
+// 8-row blocks (BlockLayout) moved into the library (backend.h's Int4Layout::Blocks8, read through
+// int4gemv::WeightMap); the 16-row tiles (TileLayout) stay here to be compared with them.
 //
 // The tiled layout (TileLayout, tile_layout() writes it from the row layout): [N/16, K/128, 2, 32] x 16
 // bytes: 16-row tile r, quad Q (columns 128Q .. 128Q + 127), half h, lane 4g + t holds the 16 bytes of
 // row 16r + 8h + g at piece 4Q + t, i.e. exactly what lane (g, t) of the kernel loads as qa (h = 0)
 // and qb (h = 1) in one slot. N a multiple of 16, K of 128 (the lab's shapes).
 //
-// Each lane copies and later reads back only its own 16-byte pieces, so cp.async's wait is the only
-// synchronisation the ring needs (mma_tiles.cuh, cp_async16). Symmetric weights only (every zero 8;
-// a.zeros must be null), groups of 128 or more (the scale per slot, Scaling::PerSlot), 1..8 tokens,
-// PlainOut. What wins here moves into int4_gemv_kernel.cuh as a split of the library's kernel.
+// Symmetric weights only (every zero 8; a.zeros must be null), groups of 128 or more (the scale per
+// slot, Scaling::PerSlot), 1..8 tokens, PlainOut.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -38,8 +34,8 @@ struct RowLayout {
   const uint8_t* wb;
   __device__ RowLayout(const Args& a, int n0, int g) {
     const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);  // rows past N read the last row
-    wa = a.w + int64_t(ra) * a.w_ld;
-    wb = a.w + int64_t(rb) * a.w_ld;
+    wa = a.w + a.wm.row_offset(ra);  // the lab passes WeightMap::rows for these designs
+    wb = a.w + a.wm.row_offset(rb);
   }
   __device__ const uint8_t* at(int p, int h, int) const { return (h ? wb : wa) + int64_t(p) * 16; }
 };
@@ -113,7 +109,7 @@ __device__ __forceinline__ void consume(const Args& a, const T* xr, const T* sca
   for (int e = 0; e < 4; ++e) acc[e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[e]);
 }
 
-// What both kernels' warps start from: the lane's place in the tile, the weights' layout, the scale
+// What the kernel's warps start from: the lane's place in the tile, the weights' layout, the scale
 // rows (their lines into L2 before the dependency wait) and token g's x; then the wait. S warps per
 // 16-row tile split K as the library's kernel does: step i, slot u, lane t read piece
 // (i * S + part) * 4U + 4u + t of both rows.
@@ -158,45 +154,7 @@ struct Tile {
   }
 };
 
-// (a) The ring: U slots a step, D stages in the ring; L the layout.
-template <typename T, class L, int S, int U, int D>
-__global__ void __launch_bounds__(S * 32) ring_kernel(Args a) {
-  static_assert(D >= 2, "a ring of one stage would wait on every copy");
-  const Tile<T, L, S, U> w(a);
-  __shared__ uint4 ring[S][D][U][2][32];  // [warp, stage, slot, row g | g + 8, lane] 16 bytes each
-
-  // Step `step`'s weights into stage step % D (zero-filled past K), one commit group a step, empty
-  // past the last step so that the wait below counts the same groups every iteration.
-  auto issue = [&](int step) {
-    if (step < w.steps) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int p = w.slot_piece(step, u) + w.t;
-        const bool ok = p < w.pieces;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          cuda::mma::cp_async16(&ring[w.part][step % D][u][h][w.lane], w.lay.at(ok ? p : 0, h, w.lane), ok);
-      }
-    }
-    cuda::mma::cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < D - 1; ++i) issue(i);
-
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int i = 0; i < w.steps; ++i) {
-    issue(i + D - 1);
-    cuda::mma::cp_async_wait<D - 1>();  // step i's group (and every earlier one) has landed
-    const uint4(&stage)[U][2][32] = ring[w.part][i % D];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (!w.consume_slot(a, i, u, stage[u][0][w.lane], stage[u][1][w.lane], acc)) break;
-  }
-  cuda::mma::cp_async_wait<0>();  // the trailing empty groups
-  w.store(a, acc);
-}
-
-// (b) Register loads, as the library's kernel takes them, from layout L: U slots a step, all loaded
+// Register loads, as the library's kernel takes them, from layout L: U slots a step, all loaded
 // before the step's math; P: the next step's loads issued before this step's math (two register sets).
 template <typename T, class L, int S, int U, bool P>
 __global__ void __launch_bounds__(S * 32) reg_kernel(Args a) {
@@ -235,7 +193,7 @@ __global__ void __launch_bounds__(S * 32) reg_kernel(Args a) {
   w.store(a, acc);
 }
 
-// The grid of either kernel: one block a 16-row tile.
+// The grid of the kernel: one block a 16-row tile.
 inline unsigned grid_blocks(const Args& a) { return unsigned((a.N + 15) / 16); }
 
 }  // namespace ingot::lab::int4stream

@@ -142,7 +142,8 @@ struct Int4Weight {
     convert_to_f32(dt, raw.data(), w.data(), w.size());
     return w;
   }
-  // The weight as a Mat on `s`, scales (and bias) in dtype `dt`.
+  // The weight as a Mat on `s`, scales (and bias) in dtype `dt`; on a backend that re-lays INT4 weights
+  // (CUDA: 8-row blocks where rows % 8 == 0 and K % 128 == 0), re-laid as a Model's load does.
   Mat put(Side& s, DType dt) const {
     s.keep.emplace_back(s.be, packed.size());
     s.be.upload(s.keep.back().get(), packed.data(), packed.size());
@@ -156,6 +157,7 @@ struct Int4Weight {
       m.int4.zeros = s.keep.back().as<uint8_t>();
     }
     if (!perm.empty()) m.int4.perm = s.put_i32(perm);
+    if (!s.be.host_memory()) s.be.relayout_int4(m);
     return m;
   }
 };

@@ -1,6 +1,8 @@
-// Op-level conformance of the CUDA backend's INT4 products (quant/int4.h's runtime layout) against the
-// CPU reference: the decode kernel and the dequantize-then-cuBLASLt path, long rows, act-order, the
-// dense product of the dequantized weight, and the refusals. Skips without a GPU.
+// Op-level conformance of the CUDA backend's INT4 products against the CPU reference on the same
+// packed weights: the decode kernel and the dequantize-then-cuBLASLt path, long rows, act-order, the
+// dense product of the dequantized weight, and the refusals. Int4Weight::put re-lays each weight as a
+// Model's load does (8-row blocks where rows % 8 == 0 and K % 128 == 0, else rows), so every case
+// runs the layout a model of its shape gets; the shapes below cover both. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,7 +93,9 @@ TEST_P(CudaOps, Int4DecodeKernelMatchesTheCpu) {
     for (int64_t K : {1024, 4096, 14336})
       for (int64_t T : {1, 2, 5, 8, 9, 12, 16, 17, 32, 40, 64}) {
         const bool zeros = (G / 32 + T) % 2 == 0, bias = (K / 1024 + T) % 2 == 1;
-        const int64_t N = K == 4096 && T == 1 ? 333 : 37;
+        // 40 rows: in 8-row blocks (one token at groups 64 and 128, every K); 37 and 333: in rows.
+        const bool blocks = (K / 1024 + T + G / 64) % 2 == 1;
+        const int64_t N = K == 4096 && T == 1 ? 333 : blocks ? 40 : 37;
         const Int4Weight w = random_int4(rng_, N, K, G, zeros, false, dt_);
         auto x = rnd(size_t(T * K)), b = rnd(size_t(N), 0.5f);
         Side& g = *gpu_;
@@ -203,6 +207,28 @@ TEST_P(CudaOps, Int4GraphKeepsItsScratchWhenTheScratchGrows) {
   EXPECT_EQ(g.get(victim, marks.size()), marks) << "the replay wrote a buffer allocated after the scratch grew";
 }
 
+// The CUDA backend's re-layout at load (backend.h's Int4Layout::Blocks8) is the documented byte order:
+// row 8b + g's 16-byte piece 4Q + t at ((b * K/128 + Q) * 32 + 4g + t) * 16; weights it does not apply
+// to (rows % 8, K % 128) keep their rows byte for byte.
+TEST_P(CudaOps, Int4LoadRelayoutIsTheDocumentedByteOrder) {
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{24, 384}, {16, 14336}, {37, 384}, {24, 320}}) {
+    const Int4Weight w = random_int4(rng_, N, K, 64, false, false, dt_);
+    Side& g = *gpu_;
+    const Mat m = w.put(g, dt_);
+    const bool blocks = N % 8 == 0 && K % 128 == 0;
+    EXPECT_EQ(m.int4.layout, blocks ? Int4Layout::Blocks8 : Int4Layout::Rows) << N << " x " << K;
+    std::vector<uint8_t> got(w.packed.size());
+    gpu_be_->download(got.data(), m.data, got.size());
+    std::vector<uint8_t> want = w.packed;
+    if (blocks)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t p = 0; p < K / 32; ++p)
+          std::memcpy(&want[size_t(((n / 8 * (K / 128) + p / 4) * 32 + 4 * (n % 8) + p % 4) * 16)],
+                      &w.packed[size_t(n * (K / 2) + p * 16)], 16);
+    EXPECT_EQ(got, want) << N << " x " << K;
+  }
+}
+
 TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
   const int64_t rows = dt_ == DType::F32 ? 16 : 64;  // the decode kernels' rows (int4_decode_rows)
   const int64_t T = rows + 1, N = 16, K = 64;
@@ -231,6 +257,12 @@ TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
   bad = w.put(g, dt_);
   bad.ld = K;
   test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); }, {"has rows of 32 bytes, not 64"});
+  // 8-row blocks claimed for a weight they cannot hold (64 columns: not whole 128-column quads).
+  bad = w.put(g, dt_);
+  ASSERT_EQ(bad.int4.layout, Int4Layout::Rows);
+  bad.int4.layout = Int4Layout::Blocks8;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); },
+                     {"INT4 weight [16, 64] in 8-row blocks needs rows % 8 == 0 and columns % 128 == 0"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::F32, DType::F16, DType::BF16),

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -358,6 +359,46 @@ TEST(Int4Backend, SixteenBitScalesOnF32ActivationsAreRefusedBeforeAnythingIsAllo
   const Engine f32 = build("qwen3", 32, DType::F32);
   Model m(f32, be, bounds(1, 16));
   EXPECT_GT(be.allocs, 0);
+}
+
+// A backend whose memory is its own (as CUDA's: the Model uploads copies) is handed each INT4 weight
+// once, after its upload and with its scales attached, to re-lay it for its kernels
+// (Backend::relayout_int4); a host-memory backend never is (its weights are the engine's own bytes).
+// The CPU backend reads the row layout only and refuses a weight in another, by name.
+class OwnMemoryCpu final : public ForwardingBackend {
+ public:
+  explicit OwnMemoryCpu(bool host) : ForwardingBackend(make_cpu_backend(1)), host_(host) {}
+  bool host_memory() const override { return host_; }
+  void relayout_int4(Mat& w) override {
+    EXPECT_TRUE(w.is_int4() && w.int4.data && w.int4.group_size > 0);
+    seen.push_back(w.data);
+  }
+  std::vector<const void*> seen;
+
+ private:
+  bool host_;
+};
+
+TEST(Int4Backend, EachInt4WeightIsOfferedForRelayoutOnceWhereTheBackendOwnsItsMemory) {
+  const Engine e = build("qwen3", 32);
+  const HostTensor want = run(e);
+  for (bool host : {false, true}) {
+    OwnMemoryCpu be(host);
+    Model m(e, be, bounds(2, 32));
+    std::set<const void*> distinct(be.seen.begin(), be.seen.end());
+    EXPECT_EQ(be.seen.size(), host ? 0u : e.quant->tensors.size());
+    EXPECT_EQ(distinct.size(), be.seen.size());
+    HostTensor a = m.forward(Batch{{BatchRow{0, seq(9, 3), 0, {}, true}, BatchRow{1, seq(5, 11), 0, {}, true}}});
+    EXPECT_EQ(std::memcmp(a.data(), want.data(), a.nbytes()), 0) << "the copies run as the engine's bytes";
+  }
+  auto cpu = make_cpu_backend(1);
+  std::vector<uint8_t> packed(8 * 64);
+  std::vector<float> scales(8 * 2, 1.f), x(128, 1.f), y(8);
+  Mat w{packed.data(), DType::U8, 8, 128, 64};
+  w.int4 = Int4Scales{scales.data(), DType::F32, 64};
+  w.int4.layout = Int4Layout::Blocks8;
+  test::expect_error([&] { cpu->linear(mat(x.data(), DType::F32, 1, 128), w, nullptr, mat(y.data(), DType::F32, 1, 8)); },
+                     {"cpu backend: linear: INT4 weights are read in the row layout"});
 }
 
 // The memory plan of an INT4 engine counts its weights packed (bytes + scales, what the engine holds)

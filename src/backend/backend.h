@@ -22,12 +22,25 @@ namespace ingot {
 // scale (and zero) for each `group_size` consecutive columns of a row; zero is 8 when `zeros` is null
 // (symmetric). With `perm`, stored column j multiplies input feature perm[j] (act-order checkpoints,
 // whose groups are not contiguous in the input): y = W_stored . x[perm].
+// The byte order of a packed INT4 weight's nibbles (the same bytes either way; scales and zeros stay
+// [rows, cols / group_size] row-major).
+//  - Rows: [rows, cols/2], value k of row n in byte k/2, low nibble first (quant/int4.h): engine
+//    files, the CPU backend, and the CUDA backend where Blocks8 does not apply.
+//  - Blocks8 (rows % 8 == 0, cols % 128 == 0): [rows/8, cols/128, 32] x 16 bytes. Cut each row into
+//    16-byte pieces of 32 values (piece p: columns 32p .. 32p + 31, Rows' bytes 16p .. 16p + 15); row
+//    8b + g's piece 4Q + t lies at block b, quad Q, slot 4g + t. A warp whose lane 4g + t reads piece
+//    4Q + t of row 8b + g (the CUDA decode kernels' access) then reads 512 contiguous bytes instead of
+//    64 bytes from each of 8 rows. The CUDA backend re-lays weights this way once, on the device, at
+//    load (Backend::relayout_int4); docs/quantization.md has the measurements that chose it.
+enum class Int4Layout : uint8_t { Rows, Blocks8 };
+
 struct Int4Scales {
   const void* data = nullptr;  // [rows, cols / group_size] in `dtype`, row-major
   DType dtype = DType::F32;
   int64_t group_size = 0;
   const uint8_t* zeros = nullptr;  // [rows, cols / group_size] u8 in 0..15, or null (zero 8)
   const int32_t* perm = nullptr;   // [cols] i32, a permutation of 0..cols-1, or null (identity)
+  Int4Layout layout = Int4Layout::Rows;  // of the packed bytes (Mat::data)
 };
 
 // A row-major 2-D view of backend memory: rows x cols elements, `ld` elements between row starts.
@@ -235,6 +248,11 @@ class Backend {
     (void)weight_dtype, (void)rows, (void)cols, (void)tokens, (void)perm;
     return 0;
   }
+  // Called once for each INT4 weight after its upload (a Model's load): the backend may reorder the
+  // packed bytes in place, for its kernels, into another Int4Layout of the same size, and records it in
+  // w.int4.layout. The default keeps Rows. A host-memory backend never does (its weights are the engine
+  // file's own bytes).
+  virtual void relayout_int4(Mat& w) { (void)w; }
   // Makes sure linear() has at least `bytes` of scratch (grows, never shrinks; allocated here, so not
   // inside a graph capture). linear() refuses a call whose scratch was not reserved.
   virtual void reserve_linear_scratch(size_t bytes) { (void)bytes; }

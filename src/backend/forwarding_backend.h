@@ -23,6 +23,7 @@ class ForwardingBackend : public Backend {
     return in_->linear_scratch_bytes(wdt, rows, cols, tokens, perm);
   }
   void reserve_linear_scratch(size_t bytes) override { in_->reserve_linear_scratch(bytes); }
+  void relayout_int4(Mat& w) override { in_->relayout_int4(w); }
 
   void* alloc(size_t b) override { return in_->alloc(b); }
   void free(void* p) noexcept override { in_->free(p); }

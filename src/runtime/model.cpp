@@ -90,6 +90,7 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
       m.int4 = Int4Scales{sc.data, sc.dtype, engine_.quant->group(m.cols)};
       if (!engine_.quant->symmetric) m.int4.zeros = static_cast<const uint8_t*>(w_.at(name + kInt4ZerosSuffix).m.data);
       if (engine_.quant->act_order) m.int4.perm = static_cast<const int32_t*>(w_.at(name + kInt4PermSuffix).m.data);
+      if (!be_.host_memory()) be_.relayout_int4(m);  // our copy; host memory holds the engine's own bytes
     }
   weights_ = bind_weights(s, family_.weights(s), w_);
 

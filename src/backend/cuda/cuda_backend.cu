@@ -293,6 +293,14 @@ class CudaBackend final : public Backend {
     if (!invariant_ && tokens <= 1 && cols % vec == 0) return 0;
     return size_t(tokens) * size_t(cols) * dtype_size(weight_dtype);
   }
+  // INT4 weights into 8-row blocks where they apply (int4_linear.cu; backend.h's Int4Layout::Blocks8):
+  // each warp load of the decode kernels then reads 512 contiguous bytes.
+  // INGOT_CUDA_INT4_ROWS=1 keeps the rows: a temporary A/B knob of the layout's measurement (issue 12,
+  // 2026-12-06), to go once the figures are in docs/quantization.md.
+  void relayout_int4(Mat& w) override {
+    if (env_knob("INGOT_CUDA_INT4_ROWS", 0) == 1) return;
+    relayout_int4_blocks8(w, stream_->get());
+  }
   // Grown, never moved under a Model that has one: the smaller buffer is kept until the backend goes,
   // because graphs an earlier Model captured hold its address (INT4 products past 16 rows and the
   // mixed-dtype ones write it).

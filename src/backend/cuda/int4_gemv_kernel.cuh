@@ -6,8 +6,9 @@
 // it (the exact 16-bit dequantization of a nibble pair; the MMA is mma_tiles.cuh's), so every path
 // that rounds weights to 16 bits rounds them to the same bits.
 //
-// Hand-written rather than taken from a library: the packed layout is ours (rows of K/2 bytes, no
-// re-layout at build), and the value each nibble stands for is defined bit for bit by this backend
+// Hand-written rather than taken from a library: the packed layouts are ours (backend.h's
+// Int4Layout: quant/int4.h's rows, or the 8-row blocks the CUDA backend re-lays them into at load,
+// read through WeightMap below), and the value each nibble stands for is defined bit for bit by this backend
 // (round((nibble - zero) * scale) to the activation dtype), which published W4A16 kernels (their own
 // interleaved layouts, scales folded into fused multiply-adds) do not reproduce.
 //
@@ -17,7 +18,8 @@
 //    weights take 4 MMAs (weights as B would need 8), and 1..8 tokens cost the same.
 //  - Lane (g, t) reads 16 bytes of row g and 16 of row g + 8 at the same columns; the B fragment
 //    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
-//    both rows.
+//    both rows. In the 8-row-block layout (Int4Layout::Blocks8) the warp's 32 loads of one half of
+//    the tile are 512 contiguous bytes; in rows they are 64 bytes of each of 8 rows.
 //  - Two accumulators alternate so consecutive MMAs do not wait on each other.
 //  - Dequantization is exact: a shift and one lop3 place two nibbles in the mantissas of the
 //    16-bit pattern of 2^e (e = 10 for f16, 7 for bf16: unit in the last place 1), so the pair is
@@ -71,11 +73,30 @@ __device__ __forceinline__ void b_fragments(uint32_t r0, uint32_t r1, uint32_t r
 // The token blocks (NT) of the instance that takes T = 1..64 tokens: 1, 2, 4 or 8.
 inline constexpr int token_blocks(int64_t T) { return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
+// Where a packed weight's 16-byte pieces lie: piece p (columns 32p .. 32p + 31) of row n at byte
+//   row_offset(n) + quad_offset(p >> 2) + 16 * (p & 3),
+// which covers both of backend.h's Int4Layouts with three strides: Rows (block 8 ld, row ld, quad 64:
+// n * ld + 16p) and Blocks8 (block 4K, row 64, quad 512). Kernels read the one layout they are given;
+// no instance is compiled per layout.
+struct WeightMap {
+  int64_t block;  // bytes between 8-row blocks
+  int32_t row;    // bytes between rows inside a block
+  int32_t quad;   // bytes between a row's runs of 4 pieces (128 columns)
+  __host__ __device__ int64_t row_offset(int n) const { return int64_t(n >> 3) * block + int64_t(n & 7) * row; }
+  __host__ __device__ int64_t quad_offset(int q) const { return int64_t(q) * quad; }
+  __host__ __device__ int64_t piece_offset(int p) const { return quad_offset(p >> 2) + 16 * (p & 3); }
+  static WeightMap rows(int64_t ld) { return {8 * ld, int32_t(ld), 64}; }
+  static WeightMap blocks8(int64_t K) { return {4 * K, 64, 512}; }
+  static WeightMap of(Int4Layout layout, int64_t ld, int64_t K) {
+    return layout == Int4Layout::Blocks8 ? blocks8(K) : rows(ld);
+  }
+};
+
 struct Args {
   const void* x;         // [T, K] activations, x_ld elements between rows (16-byte aligned rows)
   int64_t x_ld;
-  const uint8_t* w;      // [N, K/2] packed nibbles, w_ld bytes between rows (16-byte aligned rows)
-  int64_t w_ld;
+  const uint8_t* w;      // [N, K/2] packed nibbles in the layout wm describes (16-byte aligned pieces)
+  WeightMap wm;
   const void* scales;    // [N, K/group] in the activation dtype, s_ld elements between rows
   const uint8_t* zeros;  // [N, K/group] u8 in 0..15, or null (every zero 8)
   int64_t s_ld;
@@ -288,12 +309,12 @@ inline unsigned grid_blocks(const Args& a) {
 
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
-// in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows, so a warp's
-// slots of one step cover 64U contiguous bytes of each of its 16 rows and the S warps of a tile
-// interleave by step. Word j of a piece (columns 8j .. 8j + 7 of the piece) feeds two MMAs: k slots
+// in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows (quad
+// (i * S + part) * U + u), so a warp's slots of one step cover U quads (128U columns) of each of its 16
+// rows and the S warps of a tile interleave by step. Word j of a piece (columns 8j .. 8j + 7 of the piece) feeds two MMAs: k slots
 // (2t, 2t+1 | 2t+8, 2t+9) hold columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7): the
 // nibble pairs a shift and a mask give, and x is paired the same way with byte permutes, so every
-// product pairs a weight with its own input column and the weights need no re-layout.
+// product pairs a weight with its own input column in either layout.
 //
 // NT > 1 (up to 8 NT tokens; the library takes NT = 2 for 9..16, 4 and 8 with kFragX for 17..64): the
 // same tile and loads, NT MMA column blocks of 8 tokens. Each word's two A fragments are dequantized
@@ -324,22 +345,25 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   // The warp's first output (tile w's at n0 + w * kSpan).
   const int n0 = (int(blockIdx.x) * R + r) * W * Out::kSpan;
   int na[W], nb[W];
+  // The lane's piece t of quad 0 of both rows: its piece of quad q (columns 128q + 32t ..) lies
+  // quad_offset(q) further (WeightMap).
   const uint8_t *wa[W], *wb[W];
 #pragma unroll
   for (int w = 0; w < W; ++w) {
     Out::rows(a, n0 + w * Out::kSpan, g, na[w], nb[w]);
-    wa[w] = a.w + int64_t(na[w]) * a.w_ld;
-    wb[w] = a.w + int64_t(nb[w]) * a.w_ld;
+    wa[w] = a.w + a.wm.row_offset(na[w]) + 16 * t;
+    wb[w] = a.w + a.wm.row_offset(nb[w]) + 16 * t;
   }
-  // The head of both rows into L2 (one 128-byte line per lane of the tile's quads), before waiting:
-  // weights depend on no earlier kernel.
+  // The head of both rows (their first kPrefetchBytes) into L2 before waiting: weights depend on no
+  // earlier kernel. One prefetch per 128-byte line: every other quad in rows (64 bytes a quad of a row),
+  // every quad in blocks (a row's 64 bytes of a quad shared with one neighbour row).
   {
-    const int head = min(a.K / 2, kPrefetchBytes);
-    for (int b = (part * 4 + t) * 128; b < head; b += S * 4 * 128)
+    const int head_quads = min(a.K / 2, kPrefetchBytes) / 64, qs = a.wm.quad >= 128 ? 1 : 128 / a.wm.quad;
+    for (int q = (part * 4 + t) * qs; q < head_quads; q += S * 4 * qs)
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        prefetch_l2_line(wa[w] + b);
-        prefetch_l2_line(wb[w] + b);
+        prefetch_l2_line(wa[w] - 16 * t + a.wm.quad_offset(q));
+        prefetch_l2_line(wb[w] - 16 * t + a.wm.quad_offset(q));
       }
   }
   pdl_wait();
@@ -364,15 +388,16 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   // branch-free copy.
   // Slot u * W + w: load slot u of tile w.
   auto load = [&](Slot (&sl)[U * W], int step, bool check) {
-    const int p0 = (step * S + part) * 4 * U + t;
+    const int q0 = (step * S + part) * U, p0 = q0 * 4 + t;  // slot u: quad q0 + u, piece p0 + 4u
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = p0 + 4 * u;
       const bool ok = !check || p < pieces;
+      const int64_t off = a.wm.quad_offset(q0 + u);
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        sl[u * W + w].qa = ok ? load_stream16(wa[w] + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
-        sl[u * W + w].qb = ok ? load_stream16(wb[w] + int64_t(p) * 16) : make_uint4(0, 0, 0, 0);
+        sl[u * W + w].qa = ok ? load_stream16(wa[w] + off) : make_uint4(0, 0, 0, 0);
+        sl[u * W + w].qb = ok ? load_stream16(wb[w] + off) : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll

@@ -1,8 +1,9 @@
 // INT4 weight-only linear (W4A16): y = x w^T (+bias) with w packed as quant/int4.h lays it out, rows
-// of [K/2] bytes, value k in byte k/2 low nibble first, value = (nibble - zero) * scale of its group.
-// The packed rows are read as they are stored (no kernel re-layout): every kernel here reads 16
-// consecutive bytes (32 values, always inside one group since groups are powers of two >= 32) per
-// lane per load.
+// of [K/2] bytes, value k in byte k/2 low nibble first, value = (nibble - zero) * scale of its group;
+// or, after relayout_int4_blocks8 below (the backend's relayout_int4, once at load), in 8-row blocks
+// (backend.h's Int4Layout::Blocks8). Every kernel here reads 16-byte pieces (32 values, always inside
+// one group since groups are powers of two >= 32) through int4gemv::WeightMap, which places a piece
+// in either layout.
 //
 // Three kernels:
 //  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..64 tokens, decode): the weights as the MMA's
@@ -38,8 +39,8 @@ using int4gemv::kPrefetchBytes;
 using Int4Args = int4gemv::Args;
 
 struct DequantArgs {
-  const uint8_t* w;      // [N, K/2] packed nibbles, w_ld bytes between rows
-  int64_t w_ld;
+  const uint8_t* w;      // [N, K/2] packed nibbles, placed by wm
+  int4gemv::WeightMap wm;
   const void* scales;    // [N, K/group]
   const uint8_t* zeros;  // [N, K/group] or null
   int64_t s_ld;
@@ -60,9 +61,8 @@ template <int NT>
 __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int n0 = blockIdx.x * kWarps + warp;
-  const uint8_t* wrow = a.w + int64_t(min(n0, a.N - 1)) * a.w_ld;
-  for (int b = lane * 128; b < min(a.K / 2, kPrefetchBytes); b += 32 * 128)
-    prefetch_l2_line(wrow + b);
+  const uint8_t* wrow = a.w + a.wm.row_offset(min(n0, a.N - 1));
+  for (int q = lane; q < min(a.K / 2, kPrefetchBytes) / 64; q += 32) prefetch_l2_line(wrow + a.wm.quad_offset(q));
   pdl_wait();
   pdl_trigger();
   if (n0 >= a.N) return;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) 
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
   for (int base = lane * 32; base < a.K; base += 32 * 32) {
-    const uint4 q = load_stream16(wrow + base / 2);
+    const uint4 q = load_stream16(wrow + a.wm.piece_offset(base / 32));
     const int grp = base >> a.group_shift;
     const float s = scales[grp];
     const int z = zeros ? int(zeros[grp]) : 8;
@@ -117,7 +117,8 @@ __global__ void int4_dequant_kernel(DequantArgs a) {
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = idx / words_per_row;
     const int k0 = int(idx - n * words_per_row) * 8;
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(a.w + n * a.w_ld + k0 / 2);
+    const uint32_t word =
+        *reinterpret_cast<const uint32_t*>(a.w + a.wm.row_offset(int(n)) + a.wm.piece_offset(k0 / 32) + (k0 & 31) / 2);
     const int64_t gi = n * a.s_ld + (k0 >> a.group_shift);
     const int z = a.zeros ? int(a.zeros[gi]) : 8;
     const T s = static_cast<const T*>(a.scales)[gi];
@@ -153,6 +154,23 @@ __global__ void int4_dequant_kernel(DequantArgs a) {
   }
 }
 
+// Rows -> Blocks8 (backend.h's Int4Layout) in place, one 8-row block a thread block: rows 8b .. 8b + 7
+// are the same 4K contiguous bytes in both layouts, so the block is read whole into shared memory and
+// written back in block order (16-byte piece i = 32Q + 4g + t from row g's piece 4Q + t).
+__global__ void int4_blocks8_kernel(uint8_t* w, int K) {
+  extern __shared__ uint4 block_pieces[];  // [8, K/32] the block as rows
+  uint4* blk = reinterpret_cast<uint4*>(w + int64_t(blockIdx.x) * 4 * K);
+  const int pieces = K / 32, n = 8 * pieces;
+  pdl_wait();
+  pdl_trigger();
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) block_pieces[i] = blk[i];
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
+    const int q = i >> 5, g = (i >> 2) & 7, t = i & 3;
+    blk[i] = block_pieces[g * pieces + 4 * q + t];
+  }
+}
+
 int log2_exact(int64_t v) {
   int s = 0;
   while ((int64_t(1) << s) < v) ++s;
@@ -181,6 +199,9 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
                      : "build the engine in the backend's dtype"));
   if (!aligned16(w.data, w.ld, 1))
     throw Error(std::string("cuda backend: ") + op + ": INT4 weight rows must start on 16-byte boundaries");
+  if (q.layout == Int4Layout::Blocks8 && (w.rows % 8 != 0 || w.cols % 128 != 0))
+    throw Error(std::string("cuda backend: ") + op + ": an INT4 weight [" + std::to_string(w.rows) + ", " +
+                std::to_string(w.cols) + "] in 8-row blocks needs rows % 8 == 0 and columns % 128 == 0");
   if (w.rows > INT32_MAX || w.cols > INT32_MAX)
     throw Error(std::string("cuda backend: ") + op + ": INT4 weight of more than 2^31 rows or columns");
 }
@@ -300,8 +321,10 @@ bool decode_suits(const Mat& x, const Mat& w) {
          aligned16(x.data, x.ld, dtype_size(x.dtype));
 }
 
+int4gemv::WeightMap weight_map(const Mat& w) { return int4gemv::WeightMap::of(w.int4.layout, w.ld, w.cols); }
+
 Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
-  return Int4Args{x.data,       x.ld, static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
+  return Int4Args{x.data,       x.ld, static_cast<const uint8_t*>(w.data), weight_map(w), w.int4.data, w.int4.zeros,
                   w.cols / w.int4.group_size, bias, y.data, y.ld, int(x.rows), int(w.rows), int(w.cols),
                   log2_exact(w.int4.group_size)};
 }
@@ -356,11 +379,29 @@ bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out,
   return true;
 }
 
+bool relayout_int4_blocks8(Mat& w, cudaStream_t s) {
+  if (!w.is_int4() || w.int4.layout != Int4Layout::Rows || w.rows % 8 != 0 || w.cols % 128 != 0 ||
+      w.ld * 2 != w.cols || w.rows > INT32_MAX || !aligned16(w.data, w.ld, 1))
+    return false;
+  // An 8-row block of 4K bytes must fit one block's shared memory (K up to ~58k on sm_90).
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
+  const size_t smem = size_t(w.cols) * 4;
+  if (smem > size_t(optin)) return false;
+  check(cudaFuncSetAttribute(int4_blocks8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "int4 re-layout shared memory");
+  launch("int4_blocks8_kernel", int4_blocks8_kernel, dim3(unsigned(w.rows / 8)), dim3(256), smem, s,
+         static_cast<uint8_t*>(w.data), int(w.cols));
+  w.int4.layout = Int4Layout::Blocks8;
+  return true;
+}
+
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s) {
   if (out.rows != w.rows || out.cols != w.cols)
     throw Error("cuda backend: int4 dequantize into [" + std::to_string(out.rows) + ", " + std::to_string(out.cols) +
                 "] for a weight [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
-  const DequantArgs a{static_cast<const uint8_t*>(w.data), w.ld, w.int4.data, w.int4.zeros,
+  const DequantArgs a{static_cast<const uint8_t*>(w.data), weight_map(w), w.int4.data, w.int4.zeros,
                       w.cols / w.int4.group_size, w.int4.perm, out.data, out.ld, int(w.rows), int(w.cols),
                       log2_exact(w.int4.group_size)};
   const int64_t words = w.rows * (w.cols / 8);
