@@ -38,7 +38,6 @@ void fill(std::vector<uint8_t>& v, uint64_t seed) {
   }
 }
 
-// Every layer's weights in both forms, the activations and the outputs; built once per process.
 // A packed INT4 weight [N, K] with its bf16 scales, in `layout`.
 Mat weight_mat(void* packed, void* scales, int64_t N, int64_t K, Int4Layout layout) {
   Mat m{packed, DType::U8, N, K, K / 2};
@@ -49,6 +48,7 @@ Mat weight_mat(void* packed, void* scales, int64_t N, int64_t K, Int4Layout layo
   return m;
 }
 
+// Every layer's weights in both forms, the activations and the outputs; built once per process.
 struct Setup {
   std::unique_ptr<Backend> be;
   std::vector<Buffer> packed, scales, dense;          // [layer * 4 + shape]

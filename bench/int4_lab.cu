@@ -102,8 +102,7 @@ void add_scalings(std::vector<Design>& v) {
 // 2026-12-06, docs/quantization.md) and is gone.
 namespace lab4 = ingot::lab::int4stream;
 template <int Layout>
-using LabLayout = std::conditional_t<Layout == 0, lab4::RowLayout,
-                                     std::conditional_t<Layout == 1, lab4::TileLayout, lab4::BlockLayout>>;
+using LabLayout = std::conditional_t<Layout == 1, lab4::TileLayout, lab4::MapLayout>;
 Design stream_base(std::string name, int layout) {
   Design d;
   d.name = std::move(name) + (layout == 1 ? " T" : layout == 2 ? " B" : "");
@@ -165,12 +164,12 @@ Design library(int layout = 0) {
   d.name = layout == 2 ? "lib B" : "lib";
   d.max_tokens = 64;
   d.layout = layout;
-  d.launch = [](const Args& a, cudaStream_t s) {
+  d.launch = [layout](const Args& a, cudaStream_t s) {
     using ingot::DType;
     using ingot::Mat;
     Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
     Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.K / 2};
-    w.int4.layout = a.wm.quad == 512 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
+    w.int4.layout = layout == 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
     w.int4.data = const_cast<void*>(a.scales);
     w.int4.dtype = DType::BF16;
     w.int4.group_size = int64_t(1) << a.group_shift;
@@ -367,8 +366,9 @@ int main(int argc, char** argv) {
       ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
       for (int c = 0; c < copies; ++c) {
         const uint8_t* base = pools[d.layout] + size_t(c) * copy;
-        const auto wm = d.layout == 2 ? ingot::cuda::int4gemv::WeightMap::blocks8(sh.K)
-                                      : ingot::cuda::int4gemv::WeightMap::rows(sh.K / 2);  // the lab's own (T) ignore it
+        // The library's map of the layout (the lab's own tiles, layout 1, ignore it).
+        const auto wm = ingot::cuda::int4gemv::WeightMap::of(
+            d.layout == 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows, sh.K / 2, sh.K);
         d.launch(Args{x, sh.K, base, wm, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);

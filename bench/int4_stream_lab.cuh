@@ -28,16 +28,18 @@ namespace ingot::lab::int4stream {
 
 using cuda::int4gemv::Args;
 
-// Where lane (g, t)'s 16 bytes of half h (row g or g + 8 of the tile) at piece p lie.
-struct RowLayout {
+// Where lane (g, t)'s 16 bytes of half h (row g or g + 8 of the tile) at piece p lie, in the
+// library's layouts (rows or 8-row blocks): through the WeightMap the lab passes in a.wm.
+struct MapLayout {
   const uint8_t* wa;
   const uint8_t* wb;
-  __device__ RowLayout(const Args& a, int n0, int g) {
+  cuda::int4gemv::WeightMap wm;
+  __device__ MapLayout(const Args& a, int n0, int g) : wm(a.wm) {
     const int ra = min(n0 + g, a.N - 1), rb = min(n0 + g + 8, a.N - 1);  // rows past N read the last row
-    wa = a.w + a.wm.row_offset(ra);  // the lab passes WeightMap::rows for these designs
-    wb = a.w + a.wm.row_offset(rb);
+    wa = a.w + wm.row_offset(ra);
+    wb = a.w + wm.row_offset(rb);
   }
-  __device__ const uint8_t* at(int p, int h, int) const { return (h ? wb : wa) + int64_t(p) * 16; }
+  __device__ const uint8_t* at(int p, int h, int) const { return (h ? wb : wa) + wm.piece_offset(p); }
 };
 struct TileLayout {
   const uint8_t* base;  // the tile's first byte plus the lane's 16 bytes
@@ -51,25 +53,8 @@ struct TileLayout {
   }
 };
 
-// The layout that does not depend on how rows pair into tiles (a fused gate/up's tile pairs gate row m
-// with up row I + m): [N/8, K/128, 32] x 16 bytes, 8-row block b, quad Q, lane 4g + t: row 8b + g at
-// piece 4Q + t. A warp load is still 512 contiguous bytes; a tile's two halves are two blocks.
-struct BlockLayout {
-  const uint8_t* wa;
-  const uint8_t* wb;
-  __device__ BlockLayout(const Args& a, int n0, int g) {
-    (void)g;
-    const int64_t block = int64_t(a.K / 128) * 512;
-    wa = a.w + int64_t(n0 / 8) * block;
-    wb = wa + block;
-  }
-  __device__ const uint8_t* at(int p, int h, int lane) const {
-    return (h ? wb : wa) + int64_t(p >> 2) * 512 + lane * 16;
-  }
-};
-
-// The row layout [N, K/2] rewritten as TileLayout's (block8 false) or BlockLayout's (true), host side,
-// for the lab's copies.
+// The row layout [N, K/2] rewritten as TileLayout's (block8 false) or in 8-row blocks (true: backend.h's
+// Int4Layout::Blocks8, which the library re-lays on the device), host side, for the lab's copies.
 inline std::vector<uint8_t> tile_layout(const std::vector<uint8_t>& rows, int N, int K, bool block8) {
   std::vector<uint8_t> out(rows.size());
   const int pieces = K / 32, quads = K / 128;

@@ -18,10 +18,6 @@
 
 namespace ingot {
 
-// The per-group parameters of an INT4 weight (src/quant/int4.h): value = (nibble - zero) * scale, one
-// scale (and zero) for each `group_size` consecutive columns of a row; zero is 8 when `zeros` is null
-// (symmetric). With `perm`, stored column j multiplies input feature perm[j] (act-order checkpoints,
-// whose groups are not contiguous in the input): y = W_stored . x[perm].
 // The byte order of a packed INT4 weight's nibbles (the same bytes either way; scales and zeros stay
 // [rows, cols / group_size] row-major).
 //  - Rows: [rows, cols/2], value k of row n in byte k/2, low nibble first (quant/int4.h): engine
@@ -34,6 +30,10 @@ namespace ingot {
 //    load (Backend::relayout_int4); docs/quantization.md has the measurements that chose it.
 enum class Int4Layout : uint8_t { Rows, Blocks8 };
 
+// The per-group parameters of an INT4 weight (src/quant/int4.h): value = (nibble - zero) * scale, one
+// scale (and zero) for each `group_size` consecutive columns of a row; zero is 8 when `zeros` is null
+// (symmetric). With `perm`, stored column j multiplies input feature perm[j] (act-order checkpoints,
+// whose groups are not contiguous in the input): y = W_stored . x[perm].
 struct Int4Scales {
   const void* data = nullptr;  // [rows, cols / group_size] in `dtype`, row-major
   DType dtype = DType::F32;

@@ -299,7 +299,8 @@ class CudaBackend final : public Backend {
   // 2026-12-06: blocks 7.5% faster at batch 1 on an H200 in one pass), kept for the interleaved
   // repeat of docs/quantization.md's Plan 1a, then to go.
   void relayout_int4(Mat& w) override {
-    if (env_knob("INGOT_CUDA_INT4_ROWS", 0) == 1) return;
+    static const bool rows = env_knob("INGOT_CUDA_INT4_ROWS", 0) == 1;
+    if (rows) return;
     relayout_int4_blocks8(w, stream_->get());
   }
   // Grown, never moved under a Model that has one: the smaller buffer is kept until the backend goes,
