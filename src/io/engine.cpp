@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "io/model_config.h"
 #include "io/quantized_checkpoint.h"
 #include "io/safetensors.h"
@@ -216,7 +217,10 @@ void check_unused(const std::string& dir, const ModelSpec& spec, const Checkpoin
 void put_int4(Engine& eng, const std::string& name, const HostTensor& t, int64_t group, const float* clip) {
   const int64_t rows = t.shape()[0], cols = t.shape()[1];
   std::vector<float> f(size_t(t.numel()));
-  convert_to_f32(t.dtype(), t.data(), f.data(), f.size());
+  const size_t es = dtype_size(t.dtype());
+  parallel_ranges(int64_t(f.size()), int64_t(1) << 20, [&](int64_t b, int64_t e) {
+    convert_to_f32(t.dtype(), static_cast<const uint8_t*>(t.data()) + size_t(b) * es, f.data() + b, size_t(e - b));
+  });
   HostTensor packed(DType::U8, int4_packed_shape(t.shape()));
   HostTensor scales(eng.weight_dtype, int4_scales_shape(t.shape(), group));
   quantize_int4(f.data(), rows, cols, group, eng.weight_dtype, packed.as<uint8_t>(), scales.data(), clip);
@@ -427,12 +431,16 @@ Engine random_engine(const ModelSpec& spec, DType dt, uint64_t seed, const Weigh
     for (float& v : buf) v = w.init == WeightInit::Ones ? 1.0f : normal(rng);
     const size_t es = dtype_size(wdt);
     auto* dst = static_cast<uint8_t*>(t.data());
-    for (size_t i = 0, rep = 0; i < n; i += buf.size(), ++rep) {
-      const size_t c = std::min(buf.size(), n - i), off = (rep * 40503) % buf.size();
-      const size_t head = std::min(c, buf.size() - off);  // buf[off, off + head), then buf[0, c - head)
-      convert_from_f32(wdt, buf.data() + off, dst + i * es, head);
-      if (c > head) convert_from_f32(wdt, buf.data(), dst + (i + head) * es, c - head);
-    }
+    const int64_t reps = int64_t((n + buf.size() - 1) / buf.size());
+    parallel_ranges(reps, 16, [&](int64_t r0, int64_t r1) {  // repetitions are independent
+      for (size_t rep = size_t(r0); rep < size_t(r1); ++rep) {
+        const size_t i = rep * buf.size();
+        const size_t c = std::min(buf.size(), n - i), off = (rep * 40503) % buf.size();
+        const size_t head = std::min(c, buf.size() - off);  // buf[off, off + head), then buf[0, c - head)
+        convert_from_f32(wdt, buf.data() + off, dst + i * es, head);
+        if (c > head) convert_from_f32(wdt, buf.data(), dst + (i + head) * es, c - head);
+      }
+    });
     if (sink) sink(eng, w, std::move(t));
     else eng.weights.emplace(w.name, std::move(t));
   }
