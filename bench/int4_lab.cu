@@ -12,8 +12,9 @@
 // (for a GPU machine without our Debian packages: BINS=int4_lab scripts/gpu-build here, then
 // LD_LIBRARY_PATH=build-gpu/bin/lib build-gpu/bin/int4_lab there). INGOT_LAB_SHAPE=l8b.gateup and
 // INGOT_LAB_DESIGN=lib run only the shape names / designs they list, comma-separated (e.g. one under
-// ncu); INGOT_LAB_MAX_TOKENS=N only the shapes of at most N tokens; INGOT_LAB_ROUNDS=N timing rounds
-// (default 3, each over all of a shape's designs from a different start, the best kept).
+// ncu); INGOT_LAB_MAX_TOKENS=N / INGOT_LAB_MIN_TOKENS=N only the shapes of at most / at least N
+// tokens; INGOT_LAB_ROUNDS=N timing rounds (default 3, each over all of a shape's designs from a
+// different start, the best kept).
 // Written for this repository (its packed layout and kernels), as bench/gemv_lab.cu is.
 // Columns: design, shape, T (tokens), G (group), us/call (one product), GB/s (packed weight + scale +
 // zero bytes per call over its time), max err (the largest |y - ref| / (|ref| + 0.1 rms(ref)) over the
@@ -28,7 +29,9 @@
 // loads, " ws" the scale per slot, " z0" no zero points, " B" the weights in 8-row blocks (backend.h's
 // Int4Layout::Blocks8, as the CUDA backend re-lays them; "lib B" the launcher given such a weight),
 // "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
-// tiles / 8-row blocks (symmetric runs only).
+// tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_lab.cuh's pipelined
+// GEMM for 9..64 tokens (WN warps of W tiles a block, NT token blocks, ST stages, K split over C
+// blocks; x reordered first, both launches timed).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -43,6 +46,7 @@
 #include <vector>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
+#include "int4_gemm_lab.cuh"
 #include "int4_stream_lab.cuh"
 #include "lab_util.h"
 
@@ -157,6 +161,26 @@ void add_wide(std::vector<Design>& v) {
   v.push_back(design<8, 1, 1, false, NT, 4>());
 }
 
+// int4_gemm_lab.cuh's pipelined GEMM for 9..64 tokens (NT blocks of 8): WN warps of W tiles a block,
+// ST stages, K split over clusters of C blocks; x reordered first (both launches timed), the weights in
+// 8-row blocks.
+template <int WN, int W, int NT, int ST, int C>
+Design design_gemm() {
+  Design d;
+  d.name = "G WN" + std::to_string(WN) + " W" + std::to_string(W) + " N" + std::to_string(NT) + " ST" +
+           std::to_string(ST) + " C" + std::to_string(C) + " B";
+  d.min_tokens = 8 * (NT / 2) + 1;
+  d.max_tokens = 8 * NT;
+  d.layout = 2;
+  d.launch = [](const Args& a, cudaStream_t s) {
+    const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
+    ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
+                        dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
+    ingot::lab::int4gemm::launch_gemm<bf16, PlainOut, WN, W, NT, ST, C, true>(a, s);
+  };
+  return d;
+}
+
 // The library's kernels through their public launcher: Args as the Mats it takes, the weight in rows
 // or (layout 2, "lib B") in 8-row blocks.
 Design library(int layout = 0) {
@@ -218,6 +242,12 @@ std::vector<Design> designs() {
                    design_frag<4, 1, 1, 8, 2>(), design_frag<8, 1, 1, 8, 2>(), design_frag<4, 2, 1, 8, 2>(),
                    design_frag<2, 1, 1, 8, 4>(), design_frag<4, 1, 1, 8, 4>(), design_frag<8, 1, 1, 8, 4>()})
     v.push_back(d);
+  for (Design d : {design_gemm<4, 1, 2, 4, 1>(), design_gemm<8, 1, 2, 4, 1>(), design_gemm<4, 2, 2, 4, 1>(),
+                   design_gemm<4, 1, 2, 4, 2>(), design_gemm<4, 1, 2, 4, 4>(), design_gemm<4, 1, 4, 4, 1>(),
+                   design_gemm<8, 1, 4, 4, 1>(), design_gemm<4, 1, 4, 4, 2>(), design_gemm<4, 1, 8, 3, 1>(),
+                   design_gemm<8, 1, 8, 3, 1>(), design_gemm<4, 1, 8, 4, 2>(), design_gemm<8, 1, 8, 4, 2>(),
+                   design_gemm<8, 1, 8, 4, 4>(), design_gemm<4, 2, 8, 3, 1>()})
+    v.push_back(d);
   return v;
 }
 
@@ -238,6 +268,8 @@ int main(int argc, char** argv) {
   const int rounds = std::max(1, std::getenv("INGOT_LAB_ROUNDS") ? std::atoi(std::getenv("INGOT_LAB_ROUNDS")) : 3);
   // INGOT_LAB_MAX_TOKENS=N: only the shapes of at most N tokens.
   const int max_tokens = std::getenv("INGOT_LAB_MAX_TOKENS") ? std::atoi(std::getenv("INGOT_LAB_MAX_TOKENS")) : 64;
+  // INGOT_LAB_MIN_TOKENS=N: only the shapes of at least N tokens.
+  const int min_tokens = std::getenv("INGOT_LAB_MIN_TOKENS") ? std::atoi(std::getenv("INGOT_LAB_MIN_TOKENS")) : 1;
   // gate/up fused ([2I, H]) as the engine stores it.
   const std::vector<Shape> shapes = {
       // Llama-3.1-8B: q 4096 + kv 2 x 1024, o, gate/up 2 x 14336, down
@@ -277,7 +309,7 @@ int main(int argc, char** argv) {
   bool failed = false;
   char line[256];
   for (const Shape& sh : shapes) {
-    if (!ingot::lab::selected("INGOT_LAB_SHAPE", sh.name) || sh.T > max_tokens) continue;
+    if (!ingot::lab::selected("INGOT_LAB_SHAPE", sh.name) || sh.T > max_tokens || sh.T < min_tokens) continue;
     const int groups = sh.K / sh.G;
     const size_t wbytes = size_t(sh.N) * size_t(sh.K / 2), sbytes = size_t(sh.N) * size_t(groups) * 2,
                  zbytes = size_t(sh.N) * size_t(groups), copy = wbytes + sbytes + zbytes;

@@ -71,11 +71,20 @@ inline float replay_ms(cudaGraphExec_t g, int reps, cudaStream_t s) {
 // Whether a lab runs `name`: every name unless the environment variable `var` (INGOT_LAB_SHAPE,
 // INGOT_LAB_DESIGN) is set, then only the names it lists (comma-separated). Lets a profiler (ncu) see
 // one kernel, or a short device call run a few shapes.
+// An entry ending in '*' takes every name that starts with the rest ("G *": all of int4_lab's GEMMs).
 inline bool selected(const char* var, const std::string& name) {
   const char* only = std::getenv(var);
   if (!only || !*only) return true;
-  const std::string list = std::string(",") + only + ",";
-  return list.find("," + name + ",") != std::string::npos;
+  const std::string list = only;
+  for (size_t b = 0; b <= list.size();) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    const std::string item = list.substr(b, e - b);
+    if (item == name || (!item.empty() && item.back() == '*' && name.rfind(item.substr(0, item.size() - 1), 0) == 0))
+      return true;
+    b = e + 1;
+  }
+  return false;
 }
 
 inline std::string design_name(int S, int U, int R, bool P) {
