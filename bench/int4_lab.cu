@@ -29,7 +29,7 @@
 // loads, " ws" the scale per slot, " z0" no zero points, " B" the weights in 8-row blocks (backend.h's
 // Int4Layout::Blocks8, as the CUDA backend re-lays them; "lib B" the launcher given such a weight),
 // "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
-// tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_lab.cuh's pipelined
+// tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_kernel.cuh's pipelined
 // GEMM for 9..64 tokens (WN warps of W tiles a block, NT token blocks, ST stages, K split over C
 // blocks; x reordered first, both launches timed).
 #include <cuda_bf16.h>
@@ -45,8 +45,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/int4_gemm_kernel.cuh"
 #include "backend/cuda/int4_gemv_kernel.cuh"
-#include "int4_gemm_lab.cuh"
 #include "int4_stream_lab.cuh"
 #include "lab_util.h"
 
@@ -161,7 +161,7 @@ void add_wide(std::vector<Design>& v) {
   v.push_back(design<8, 1, 1, false, NT, 4>());
 }
 
-// int4_gemm_lab.cuh's pipelined GEMM for 9..64 tokens (NT blocks of 8): WN warps of W tiles a block,
+// int4_gemm_kernel.cuh's pipelined GEMM for 9..64 tokens (NT blocks of 8): WN warps of W tiles a block,
 // ST stages, K split over clusters of C blocks; x reordered first (both launches timed), the weights in
 // 8-row blocks.
 template <int WN, int W, int NT, int ST, int C>
@@ -176,7 +176,7 @@ Design design_gemm() {
     const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
     ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
                         dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
-    ingot::lab::int4gemm::launch_gemm<bf16, PlainOut, WN, W, NT, ST, C, true>(a, s);
+    ingot::cuda::int4gemm::launch_gemm<bf16, PlainOut, WN, W, NT, ST, C, true>(a, s);
   };
   return d;
 }

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/int4_gemm_kernel.cuh"
 #include "backend/cuda/int4_gemv_kernel.cuh"
 
 namespace ingot::cuda {
@@ -272,8 +273,38 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
 //  - 64 tokens: one load for N <= 4096 (O 15.48 against 16.83, down 42.96 against 45.65), four warps
 //    with two loads wider (QKV 20.32 against 23.91), and for gate/up two tiles a warp (79.45 against
 //    89.02).
+// Whether int4gemm::gemm_kernel takes the call: weights in 8-row blocks (K a multiple of 128), and
+// for SwiGLU half the rows a multiple of 8 (a tile's up rows one block). INGOT_CUDA_INT4_GEMM=0 keeps
+// int4gemv::kernel: a temporary A/B knob of the GEMM's first end-to-end measurement (issue 12,
+// 2026-12-07), to go with it.
+template <class Out>
+bool gemm_suits(const int4gemv::Args& a) {
+  static const bool on = env_knob("INGOT_CUDA_INT4_GEMM", 1) != 0;
+  const bool blocks = a.wm.quad == int4gemv::WeightMap::blocks8(a.K).quad && a.wm.row == 64 && a.K % 128 == 0;
+  return on && blocks && (!std::is_same_v<Out, int4gemv::SwigluOut> || (a.N / 2) % 8 == 0);
+}
+
+// The GEMM's split of K over a cluster: enough blocks for two a multiprocessor where the tiles alone
+// are too few (O and down of an 8B model: 64 blocks of four tiles).
+template <typename T, class Out, int NT>
+void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
+  constexpr int WN = 4, W = 1, ST = 4;
+  const int tiles = (Out::outputs(a) + Out::kSpan - 1) / Out::kSpan, blocks = (tiles + WN * W - 1) / (WN * W);
+  const int want = 2 * device_sm_count();
+  if (blocks >= want) return int4gemm::launch_gemm<T, Out, WN, W, NT, ST, 1, true>(a, s);
+  if (2 * blocks >= want) return int4gemm::launch_gemm<T, Out, WN, W, NT, ST, 2, true>(a, s);
+  int4gemm::launch_gemm<T, Out, WN, W, NT, ST, 4, true>(a, s);
+}
+
 template <typename T, class Out, int NT>
 void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
+  if (gemm_suits<Out>(a)) {
+    const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
+    launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
+           static_cast<uint4*>(xf));
+    a.xf = xf;
+    return launch_gemm<T, Out, NT>(a, s);
+  }
   constexpr bool X = NT >= int4gemv::kFragBlocks;
   if constexpr (X) {
     const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
@@ -333,8 +364,9 @@ Int4Args int4_args(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
 
 size_t int4_decode_scratch_bytes(DType activations, int64_t tokens, int64_t cols) {
   if (activations == DType::F32) return 0;
+  // x in fragment order: the GEMM's at 2+ token blocks (weights in 8-row blocks), the kernel's at 4+.
   const int blocks = int4gemv::token_blocks(tokens);
-  return blocks < int4gemv::kFragBlocks ? 0 : size_t(int4gemv::xfrag_bytes(cols, blocks));
+  return blocks < 2 ? 0 : size_t(int4gemv::xfrag_bytes(cols, blocks));
 }
 
 bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y, void* scratch, size_t scratch_bytes,
@@ -372,6 +404,11 @@ bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out,
                 std::to_string(out.rows) + ", " + std::to_string(out.cols) + "]");
   if (int4_decode_scratch_bytes(x.dtype, x.rows, x.cols) > scratch_bytes) return false;
   const Int4Args a = int4_args(x, w_gate_up, nullptr, out);
+  // Where the plain product of these weights takes the GEMM but the fused one cannot (an intermediate
+  // size that is not a multiple of 8: a tile's up rows would straddle two blocks), the call goes the
+  // unfused way, so that fusing never changes a bit.
+  if (int4gemv::token_blocks(a.T) >= 2 && gemm_suits<int4gemv::PlainOut>(a) && !gemm_suits<int4gemv::SwigluOut>(a))
+    return false;
   dispatch(x.dtype, "int4 linear_swiglu", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if constexpr (!std::is_same_v<T, float>) launch_new<T, int4gemv::SwigluOut>(a, scratch, s);

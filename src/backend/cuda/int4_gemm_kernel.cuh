@@ -1,36 +1,41 @@
-// Lab-only design for bench/int4_lab.cu (issue 12; 2026-12-07): the INT4 product for 9..64 tokens
-// shaped as a GEMM, with the weights and x streamed through a multi-stage cp.async pipeline in shared
-// memory, instead of each warp walking K with its own register loads (int4gemv::kernel's NT > 1
-// instances).
+// The INT4 weight-only product for 9..64 tokens of f16/bf16 activations, shaped as a GEMM: the
+// weights (in 8-row blocks, backend.h's Int4Layout::Blocks8) and x (in fragment order,
+// int4gemv::xfrag_kernel) streamed through a multi-stage cp.async ring in shared memory, instead of
+// each warp walking K with its own register loads (int4gemv::kernel's NT > 1 instances, which
+// int4_linear.cu keeps for weights in rows). Hand-written for the same reasons as
+// int4_gemv_kernel.cuh (our packed layout and our exact dequantization).
 //
-// Why: at 16-64 tokens the library's kernel is bound by each warp's chain of global loads (weights,
-// and x from L2), dequantization and MMAs (docs/quantization.md: gate/up at 64 tokens 78.6 µs on the
+// Why: at 16-64 tokens int4gemv::kernel is bound by each warp's chain of global loads (weights, and
+// x from L2), dequantization and MMAs (docs/quantization.md: gate/up at 64 tokens 78.6 µs on the
 // H200, where its 3.7M MMAs take ~25 µs and its 59 MB of packed weights ~15 µs at copy bandwidth).
 // Here the block's copies of the next ST - 1 quads (128 columns) are in flight while its warps compute
-// on the current one, and one copy of x (in fragment order, int4gemv::xfrag_kernel) in shared memory
-// feeds every warp of the block.
+// on the current one, and one copy of x in shared memory feeds every warp of the block.
 //
 // Shape: a block holds WN warps of W 16-row tiles each (BT = WN * W tiles, all NT token blocks: a
 // dequantized A fragment feeds NT MMAs). Stage s of the ring holds quad q of the block's tiles, each
-// tile two 512-byte runs of 8-row blocks (backend.h's Int4Layout::Blocks8: 8 rows x 128 columns
-// contiguous), and quad q of x in fragment order (NT x 2 KB). A product with too few tiles to fill
-// the GPU splits K over a cluster of C blocks, whose sums meet in distributed shared memory and are
-// added in rank order (deterministic). The arithmetic per weight is the batch instances' own
-// (Scaling::PerWeight: round((nibble - zero) * scale) to the activation dtype, f32 accumulation).
+// tile two 512-byte runs of 8-row blocks (A rows g and g + 8: Out::rows), and quad q of x in fragment
+// order (NT x 2 KB). A product with too few tiles to fill the GPU splits K over a cluster of C blocks,
+// whose sums meet in distributed shared memory and are added in rank order (deterministic). The
+// arithmetic per weight is the batch instances' own (Scaling::PerWeight: round((nibble - zero) *
+// scale) to the activation dtype, f32 accumulation), and the A and B fragments are theirs.
 //
-// Needs: the weights in 8-row blocks, a.xf = x in fragment order for NT blocks (the design's launch
-// writes it first), K a multiple of 128, groups of 32+ (every power of two the kernels take).
+// Needs (gemm_suits in int4_linear.cu): the weights in 8-row blocks (so K a multiple of 128; for
+// SwigluOut half the rows a multiple of 8, so that a tile's up rows are one block), a.xf = x in
+// fragment order for NT blocks (written first by the launcher), groups of 32+ (every power of two the
+// kernels take: a lane's piece lies in one group).
 #pragma once
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
 
-namespace ingot::lab::int4gemm {
+namespace ingot::cuda::int4gemm {
 
-using cuda::int4gemv::Args;
+using int4gemv::Args;
 
 // Bytes of shared memory per stage: BT tiles x 2 runs x 512, and NT blocks x 4 words x 32 lanes x 16.
 template <int BT, int NT>
@@ -40,7 +45,7 @@ constexpr int stage_bytes() {
 
 template <typename T, class Out, int WN, int W, int NT, int ST, int C, bool kZeros>
 __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
-  namespace ig = cuda::int4gemv;
+  namespace ig = int4gemv;
   constexpr int BT = WN * W, kStage = stage_bytes<BT, NT>() / 16;  // uint4 per stage
   constexpr int kThreads = WN * 32;
   static_assert(ST >= 2, "a ring of at least two stages");
@@ -84,13 +89,13 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
     uint4* dst = smem + slot * kStage;
 #pragma unroll
     for (int k = 0; k < 2 * W; ++k)
-      cuda::mma::cp_async16(dst + (warp + k * WN) * 32 + lane, wsrc[k] + int64_t(q) * a.wm.quad, wok[k]);
+      mma::cp_async16(dst + (warp + k * WN) * 32 + lane, wsrc[k] + int64_t(q) * a.wm.quad, wok[k]);
   };
   auto load_x = [&](int slot, int q) {
     uint4* dst = smem + slot * kStage + BT * 64;
     const uint4* src = xsrc + int64_t(q) * (4 * NT * 32);
 #pragma unroll
-    for (int i = int(threadIdx.x); i < 4 * NT * 32; i += kThreads) cuda::mma::cp_async16(dst + i, src + i, true);
+    for (int i = int(threadIdx.x); i < 4 * NT * 32; i += kThreads) mma::cp_async16(dst + i, src + i, true);
   };
   // Scales (and zero patterns) of quad q for the lane's rows, ST - 1 quads ahead in registers.
   ig::Slot sreg[ST][W];
@@ -114,12 +119,12 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
       load_w(s, q_begin + s);
       load_s(sreg[s], q_begin + s);
     }
-  cuda::pdl_wait();
-  cuda::pdl_trigger();
+  pdl_wait();
+  pdl_trigger();
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) {
     if (s < nq) load_x(s, q_begin + s);
-    cuda::mma::cp_async_commit();  // one group per stage, empty or not, so the waits count stages
+    mma::cp_async_commit();  // one group per stage, empty or not, so the waits count stages
   }
 
   float acc[W][NT][4];
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
     for (int s = 0; s < ST; ++s) {
       const int i = i0 + s;
       if (i >= nq) break;
-      cuda::mma::cp_async_wait<ST - 2>();
+      mma::cp_async_wait<ST - 2>();
       __syncthreads();  // stage s landed for every thread; stage s - 1 consumed by every warp
       const int kNext = (s + ST - 1) % ST;  // a constant once the loop is unrolled
       if (i + ST - 1 < nq) {
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
         load_x(kNext, q_begin + i + ST - 1);
         load_s(sreg[kNext], q_begin + i + ST - 1);
       }
-      cuda::mma::cp_async_commit();
+      mma::cp_async_commit();
       const uint4* ws = smem + s * kStage;
       const uint4* xs = ws + BT * 64;
       uint4 qa[W], qb[W];
@@ -167,13 +172,13 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
             ig::a_fragment<T>(sreg[s][w], wa4[j], wb4[j], h, A);
 #pragma unroll
             for (int b = 0; b < NT; ++b)
-              cuda::mma::Mma<T>::run(acc[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
+              mma::Mma<T>::run(acc[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
           }
         }
       }
     }
   }
-  cuda::mma::cp_async_wait<0>();
+  mma::cp_async_wait<0>();
 
   if constexpr (C == 1) {
 #pragma unroll
@@ -221,11 +226,16 @@ void launch_gemm(const Args& a, cudaStream_t s) {
   constexpr int BT = WN * W;
   constexpr int smem = ST * stage_bytes<BT, NT>();
   auto kern = gemm_kernel<T, Out, WN, W, NT, ST, C, kZeros>;
-  static const bool sized = [&] {
-    cuda::check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "int4 gemm smem");
-    return true;
-  }();
-  (void)sized;
+  // The shared-memory allowance is the function's on each device: set once per device.
+  static std::mutex mu;
+  static std::set<int> sized;
+  {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    std::lock_guard<std::mutex> lock(mu);
+    if (sized.insert(dev).second)
+      check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "int4 gemm smem");
+  }
   const int tiles = (Out::outputs(a) + Out::kSpan - 1) / Out::kSpan;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((tiles + BT - 1) / BT), unsigned(C));
@@ -234,8 +244,10 @@ void launch_gemm(const Args& a, cudaStream_t s) {
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   int n = 0;
-  attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   if (C > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = 1;
@@ -244,7 +256,7 @@ void launch_gemm(const Args& a, cudaStream_t s) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n);
-  cuda::check(cudaLaunchKernelEx(&cfg, kern, a), "int4 gemm");
+  check(cudaLaunchKernelEx(&cfg, kern, a), "int4 gemm");
 }
 
-}  // namespace ingot::lab::int4gemm
+}  // namespace ingot::cuda::int4gemm
