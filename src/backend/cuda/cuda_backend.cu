@@ -277,7 +277,7 @@ class CudaBackend final : public Backend {
   bool int4_weights() const override { return true; }
   // The INT4 kernels read scales, biases and activations of one dtype.
   bool int4_scales(DType scale_dtype) const override { return scale_dtype == dtype_; }
-  // INT4: the decode kernel reads the packed weight (past 16 tokens with x reordered into the scratch,
+  // INT4: the decode kernels read the packed weight (past 8 tokens with x reordered into the scratch,
   // int4_decode_scratch_bytes); everything else (more tokens, act-order, or the
   // batch-invariant mode, where every row count must take the one cuBLASLt algorithm) needs the weight
   // dequantized: [rows, cols] in the activation dtype. 16-bit weights under f32 activations: the GEMV
