@@ -37,6 +37,23 @@ namespace ingot::cuda::int4gemm {
 
 using int4gemv::Args;
 
+// Thread-block clusters exist from sm_90; the other architectures a build compiles for (sm_80) get
+// instances that the launcher never starts with C > 1 (int4_linear.cu asks for compute capability 9).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define INGOT_INT4GEMM_CLUSTERS 1
+#else
+#define INGOT_INT4GEMM_CLUSTERS 0
+#endif
+
+__device__ __forceinline__ int cluster_rank() {
+#if INGOT_INT4GEMM_CLUSTERS
+  return int(cooperative_groups::this_cluster().block_rank());
+#else
+  __trap();
+  return 0;
+#endif
+}
+
 // Bytes of shared memory per stage: BT tiles x 2 runs x 512, and NT blocks x 4 words x 32 lanes x 16.
 template <int BT, int NT>
 constexpr int stage_bytes() {
@@ -54,7 +71,7 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
   const int tiles = (Out::outputs(a) + Out::kSpan - 1) / Out::kSpan;
   const int tile0 = int(blockIdx.x) * BT;
   int rank = 0;
-  if constexpr (C > 1) rank = int(cooperative_groups::this_cluster().block_rank());
+  if constexpr (C > 1) rank = cluster_rank();
   const int quads = a.K / 128, per = (quads + C - 1) / C;
   const int q_begin = min(quads, rank * per), nq = min(quads, q_begin + per) - q_begin;
 
@@ -188,6 +205,7 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
         if (8 * b < a.T)
           Out::template store<T, 1>(a, acc[w][b], nullptr, 0, lane, (tile0 + warp * W + w) * Out::kSpan, 8 * b);
   } else {
+#if INGOT_INT4GEMM_CLUSTERS
     // Split K: each rank's sums into its own shared memory, then rank r adds token blocks r, r + C, ..
     // of every rank in rank order and writes them.
     static_assert(BT * NT * 512 <= ST * stage_bytes<BT, NT>(), "the sums fit in the ring");
@@ -216,6 +234,9 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
       }
     }
     cl.sync();  // no rank leaves while another still reads its shared memory
+#else
+    __trap();
+#endif
   }
 }
 
