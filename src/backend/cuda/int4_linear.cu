@@ -261,20 +261,6 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
 }
 
-// 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
-// reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured fastest
-// on the H200 (2026-12-03, bf16, group 128, Llama-3.1-8B's products; µs per call, both launches,
-// against the next best split of the same run; docs/quantization.md):
-//  - 16 tokens: two tiles a warp with two loads per lane and row for N <= 4096 or long rows (O 8.75
-//    against 9.27, down 24.13 against 25.42), one tile and one load for QKV (12.13; two tiles 11.99), and four warps a
-//    pair of tiles with one load for gate/up (41.02 against 42.69): at 16 tokens a tile reads 128 KB
-//    of x for its 32 KB of weights, which the pair shares.
-//  - 32 tokens: two loads for long rows (down 29.72 against 31.36), one tile and one load up to
-//    N = 8192 (QKV 14.56 against 15.54; O 11.32 against 11.38), four warps with two loads wider
-//    (gate/up 49.94 against 52.55).
-//  - 64 tokens: one load for N <= 4096 (O 15.48 against 16.83, down 42.96 against 45.65), four warps
-//    with two loads wider (QKV 20.32 against 23.91), and for gate/up two tiles a warp (79.45 against
-//    89.02).
 // Thread-block clusters (the GEMM's split of K): compute capability 9+, asked once per device.
 bool clusters_available() {
   static std::mutex mu;
@@ -313,6 +299,21 @@ void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
   int4gemm::launch_gemm<T, Out, WN, W, NT, ST, 4, true>(a, s);
 }
 
+// 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
+// reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured fastest
+// on the H200 (2026-12-03, bf16, group 128, Llama-3.1-8B's products; µs per call, both launches,
+// against the next best split of the same run; docs/quantization.md):
+//  - 16 tokens: two tiles a warp with two loads per lane and row for N <= 4096 or long rows (O 8.75
+//    against 9.27, down 24.13 against 25.42), one tile and one load for QKV (12.13; two tiles 11.99), and four warps a
+//    pair of tiles with one load for gate/up (41.02 against 42.69): at 16 tokens a tile reads 128 KB
+//    of x for its 32 KB of weights, which the pair shares.
+//  - 32 tokens: two loads for long rows (down 29.72 against 31.36), one tile and one load up to
+//    N = 8192 (QKV 14.56 against 15.54; O 11.32 against 11.38), four warps with two loads wider
+//    (gate/up 49.94 against 52.55).
+//  - 64 tokens: one load for N <= 4096 (O 15.48 against 16.83, down 42.96 against 45.65), four warps
+//    with two loads wider (QKV 20.32 against 23.91), and for gate/up two tiles a warp (79.45 against
+//    89.02).
+// Where the GEMM takes the call (gemm_suits above), x is reordered for it and it runs instead.
 template <typename T, class Out, int NT>
 void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
   if (gemm_suits<Out>(a)) {
