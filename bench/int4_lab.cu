@@ -135,9 +135,7 @@ Design design_frag() {
   d.min_tokens = 4 * NT + 1;
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
-    const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
-    ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
-                        dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
+    ingot::cuda::int4gemv::launch_xfrag<NT>(a, const_cast<void*>(a.xf), s);
     using Sp = Split<S, U, R, false, W>;
     ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, true>,
                         dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
@@ -173,9 +171,7 @@ Design design_gemm() {
   d.max_tokens = 8 * NT;
   d.layout = 2;
   d.launch = [](const Args& a, cudaStream_t s) {
-    const int64_t n = ingot::cuda::int4gemv::xfrag_bytes(a.K, NT) / 16;
-    ingot::cuda::launch("int4_lab_xfrag", ingot::cuda::int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)),
-                        dim3(256), 0, s, a, static_cast<uint4*>(const_cast<void*>(a.xf)));
+    ingot::cuda::int4gemv::launch_xfrag<NT>(a, const_cast<void*>(a.xf), s);
     ingot::cuda::int4gemm::launch_gemm<bf16, PlainOut, WN, W, NT, ST, C, true>(a, s);
   };
   return d;

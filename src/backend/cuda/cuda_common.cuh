@@ -101,20 +101,23 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
   return v;
 }
 
-// Multiprocessors of the current device, asked of the driver once per device (launchers size grids
-// by it on every call, graph capture included).
-inline int device_sm_count() {
+// An attribute of the current device, asked of the driver once per device and attribute (launchers
+// read them on every call, graph capture included).
+inline int device_attribute(cudaDeviceAttr attr) {
   static std::mutex mu;
-  static std::map<int, int> cache;
+  static std::map<std::pair<int, int>, int> cache;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(dev);
+  auto it = cache.find({dev, int(attr)});
   if (it != cache.end()) return it->second;
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  return cache[dev] = sms;
+  int v = 0;
+  check(cudaDeviceGetAttribute(&v, attr, dev), "cudaDeviceGetAttribute");
+  return cache[{dev, int(attr)}] = v;
 }
+
+// Multiprocessors of the current device (launchers size grids by it).
+inline int device_sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 // Whether launches allow programmatic dependent launch; INGOT_CUDA_PDL=0 turns it off (for A/B
 // measurements and as a fallback), the kernels' waits then being no-ops.

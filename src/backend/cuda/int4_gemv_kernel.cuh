@@ -142,6 +142,14 @@ __global__ void xfrag_kernel(Args a, uint4* xf) {
   xf[i] = make_uint4(B0[0], B0[1], B1[0], B1[1]);
 }
 
+// x of a call into fragment order for NT blocks at xf (xfrag_bytes(a.K, NT) bytes), on stream s.
+template <int NT>
+inline void launch_xfrag(const Args& a, void* xf, cudaStream_t s) {
+  const int64_t n = xfrag_bytes(a.K, NT) / 16;
+  launch("int4_xfrag_kernel", xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
+         static_cast<uint4*>(xf));
+}
+
 // The 16-bit pair arithmetic of one activation dtype. kMagic: the 16-bit pattern of 2^10 (f16) or 2^7
 // (bf16), whose unit in the last place is 1, so that (kMagic | nibble) is exactly 2^e + nibble.
 template <typename T>

@@ -25,8 +25,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/int4_gemm_kernel.cuh"
@@ -261,19 +259,6 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
 }
 
-// Thread-block clusters (the GEMM's split of K): compute capability 9+, asked once per device.
-bool clusters_available() {
-  static std::mutex mu;
-  static std::map<int, bool> cache;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(dev); it != cache.end()) return it->second;
-  int major = 0;
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  return cache[dev] = major >= 9;
-}
-
 // Whether int4gemm::gemm_kernel takes the call: weights in 8-row blocks (K a multiple of 128), and
 // for SwiGLU half the rows a multiple of 8 (a tile's up rows one block). Off unless
 // INGOT_CUDA_INT4_GEMM=1 until a GPU has run it (issue 12, 2026-12-07: compiled, and the device calls
@@ -282,7 +267,8 @@ bool clusters_available() {
 template <class Out>
 bool gemm_suits(const int4gemv::Args& a) {
   static const bool on = env_knob("INGOT_CUDA_INT4_GEMM", 0) == 1;
-  if (!on || !clusters_available()) return false;
+  // Thread-block clusters (the GEMM's split of K) need compute capability 9+.
+  if (!on || device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return false;
   const bool blocks = a.wm.quad == int4gemv::WeightMap::blocks8(a.K).quad && a.wm.row == 64 && a.K % 128 == 0;
   return blocks && (!std::is_same_v<Out, int4gemv::SwigluOut> || (a.N / 2) % 8 == 0);
 }
@@ -317,17 +303,13 @@ void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
 template <typename T, class Out, int NT>
 void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
   if (gemm_suits<Out>(a)) {
-    const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
-    launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
-           static_cast<uint4*>(xf));
+    int4gemv::launch_xfrag<NT>(a, xf, s);
     a.xf = xf;
     return launch_gemm<T, Out, NT>(a, s);
   }
   constexpr bool X = NT >= int4gemv::kFragBlocks;
   if constexpr (X) {
-    const int64_t n = int4gemv::xfrag_bytes(a.K, NT) / 16;
-    launch("int4_xfrag_kernel", int4gemv::xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
-           static_cast<uint4*>(xf));
+    int4gemv::launch_xfrag<NT>(a, xf, s);
     a.xf = xf;
   }
   if constexpr (NT == 2) {
