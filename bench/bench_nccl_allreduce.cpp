@@ -1,7 +1,8 @@
 // The all-reduce latency of tensor parallelism on the GPU (docs/tensor-parallel.md): ncclAllReduce
-// through NcclCommunicator on the CUDA backend's stream, at the sizes a decode step reduces (a few rows
-// of the hidden state in bf16: 8 to 64 KiB), issued one by one from the host ("eager") and replayed
-// from a captured CUDA graph as the decode graph runs them ("graph"). SPMD like `ingot --tp N`: the
+// through NcclCommunicator on the CUDA backend's stream, and the one-shot peer-to-peer all-reduce
+// (dist/p2p_all_reduce.h), at the sizes a decode step reduces (a few rows of the hidden state in bf16:
+// 8 to 64 KiB) and a few larger ones, issued one by one from the host ("eager") and replayed from a
+// captured CUDA graph as the decode graph runs them ("graph"). SPMD like `ingot --tp N`: the
 // process started is rank 0 and starts ranks 1..N-1 by exec'ing itself (dist/process_group.h), rank r on
 // GPU r; rank 0 prints the table. Built only with CUDA and NCCL; not a google-benchmark program (the
 // ranks must run the same iterations in step).
@@ -11,12 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "dist/nccl_communicator.h"
+#include "dist/p2p_all_reduce.h"
 #include "dist/process_group.h"
 #include "runtime/tp_group.h"
 
@@ -64,25 +68,21 @@ int main(int argc, char** argv) {
                                    ", expected " + std::to_string(want));
     }
 
-    struct Row {
-      size_t kib;
-      double eager_us, graph_us;
-    };
-    std::vector<Row> rows;
-    for (size_t kib : {8, 16, 32, 64}) {
+    // One implementation's eager and graph times per call at `kib` KiB of bf16.
+    auto time = [&](size_t kib, const std::function<void(void*, int64_t)>& reduce) {
       const int64_t count = int64_t(kib * 1024 / 2);  // bf16 values
       Buffer b(*be, kib * 1024);
       be->fill_zero(b.get(), b.size());  // zeros stay zeros: the sums never overflow over the iterations
-      for (int i = 0; i < 20; ++i) comm.all_reduce_sum(b.get(), count, DType::BF16);
+      for (int i = 0; i < 20; ++i) reduce(b.get(), count);
       comm.barrier();
       auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) comm.all_reduce_sum(b.get(), count, DType::BF16);
+      for (int i = 0; i < iters; ++i) reduce(b.get(), count);
       be->synchronize();
       const double eager = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
       // 20 all-reduces per graph, as a decode step of a 20-layer model issues back to back (without the
       // kernels between them).
       std::unique_ptr<Graph> g = be->capture([&] {
-        for (int i = 0; i < 20; ++i) comm.all_reduce_sum(b.get(), count, DType::BF16);
+        for (int i = 0; i < 20; ++i) reduce(b.get(), count);
       });
       if (!g) throw Error("the CUDA backend did not capture a graph");
       g->replay();
@@ -91,16 +91,44 @@ int main(int argc, char** argv) {
       for (int i = 0; i < iters / 20; ++i) g->replay();
       be->synchronize();
       const double graph = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
-      rows.push_back({kib, eager, graph});
+      return std::pair<double, double>(eager, graph);
+    };
+    constexpr size_t kP2pMaxKib = 1024;
+    std::string why;
+    std::unique_ptr<P2pAllReduce> p2p = P2pAllReduce::open(ranks->group().comm(), *be, kP2pMaxKib << 10, why);
+    // Correctness of the peer-to-peer path as above.
+    if (p2p) {
+      const int64_t n = 4096;
+      std::vector<float> host(size_t(n), float(rank + 1));
+      Buffer b(*be, size_t(n) * sizeof(float));
+      be->upload(b.get(), host.data(), b.size());
+      p2p->all_reduce_sum(b.get(), n, DType::F32);
+      be->download(host.data(), b.get(), b.size());
+      for (float v : host)
+        if (v != float(world * (world + 1) / 2))
+          throw Error("rank " + std::to_string(rank) + ": the p2p all-reduce gave " + std::to_string(v));
+    }
+    struct Row {
+      size_t kib;
+      std::pair<double, double> nccl, p2p;
+    };
+    std::vector<Row> rows;
+    for (size_t kib : {8, 16, 32, 64, 256, 1024}) {
+      Row r{kib, time(kib, [&](void* buf, int64_t count) { comm.all_reduce_sum(buf, count, DType::BF16); }), {0, 0}};
+      if (p2p) r.p2p = time(kib, [&](void* buf, int64_t count) { p2p->all_reduce_sum(buf, count, DType::BF16); });
+      rows.push_back(r);
     }
     comm.barrier();
     if (rank == 0) {
       const int v = NcclCommunicator::version();
       std::printf("nccl %d.%d.%d, %d ranks (one process per GPU), bf16 all-reduce, %d iterations, rank 0's times\n",
                   v / 10000, (v / 100) % 100, v % 100, world, iters);
-      std::printf("%8s %10s %10s\n", "KiB", "eager us", "graph us");
-      for (const Row& r : rows) std::printf("%8zu %10.2f %10.2f\n", r.kib, r.eager_us, r.graph_us);
+      if (!p2p) std::printf("no p2p all-reduce: %s\n", why.c_str());
+      std::printf("%8s %14s %14s %14s %14s\n", "KiB", "nccl eager us", "nccl graph us", "p2p eager us", "p2p graph us");
+      for (const Row& r : rows)
+        std::printf("%8zu %14.2f %14.2f %14.2f %14.2f\n", r.kib, r.nccl.first, r.nccl.second, r.p2p.first, r.p2p.second);
     }
+    p2p.reset();
     ranks.reset();  // the group closes (workers told to finish) before the backend goes
     return 0;
   } catch (const std::exception& e) {

@@ -5,18 +5,34 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "dist/p2p_all_reduce.h"
 
 namespace ingot {
 
 namespace {
 
 std::string rank_text(int rank, int world) { return "NCCL rank " + std::to_string(rank) + " of " + std::to_string(world); }
+
+// Sums of at most this many bytes go to the one-shot peer-to-peer all-reduce (dist/p2p_all_reduce.h),
+// larger ones to NCCL: INGOT_TP_P2P_BYTES, read when the communicator is made. 0 (the default until a
+// GPU run has measured and checked it) leaves every sum to NCCL.
+size_t p2p_bytes_from_env() {
+  const char* e = std::getenv("INGOT_TP_P2P_BYTES");
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  if (*end != '\0' || v < 0 || v > (64ll << 20))
+    throw Error("INGOT_TP_P2P_BYTES=" + std::string(e) + " is not a byte count in [0, 67108864]");
+  return size_t(v);
+}
 
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {
@@ -37,6 +53,7 @@ struct NcclCommunicator::Impl {
   cudaStream_t stream = nullptr;
   int device = 0;
   bool failed = false;
+  std::unique_ptr<P2pAllReduce> p2p;  // null: every sum through NCCL
   int uncaught_at_start = std::uncaught_exceptions();
 
   // Every NCCL result goes through here: an Error naming the call, NCCL's text for the code and, when
@@ -51,6 +68,7 @@ struct NcclCommunicator::Impl {
   }
 
   ~Impl() {
+    p2p.reset();
     if (!comm) return;
     // Destroy flushes what is queued and may wait on the peers; after a failure, or while an exception
     // unwinds (a peer may have died), abort instead: it frees the local side without waiting.
@@ -62,6 +80,7 @@ struct NcclCommunicator::Impl {
 NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
     : impl_(std::make_unique<Impl>()), host_(host), rank_(host.rank()), world_(host.world()) {
   const std::string who = rank_text(rank_, world_);
+  const size_t p2p_bytes = p2p_bytes_from_env();  // a bad value is refused before any NCCL work
   impl_->stream = static_cast<cudaStream_t>(backend.native_stream());
   impl_->device = backend.device_ordinal();
   if (!impl_->stream || impl_->device < 0)
@@ -94,6 +113,11 @@ NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
     all_gather(b.as<uint8_t>() + size_t(rank_) * bytes, b.get(), bytes);
     backend.synchronize();
   }
+  if (p2p_bytes > 0) {
+    std::string why;
+    impl_->p2p = P2pAllReduce::open(host, backend, p2p_bytes, why);
+    if (!impl_->p2p) std::fprintf(stderr, "ingot: %s; every all-reduce goes through NCCL\n", why.c_str());
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() = default;
@@ -102,6 +126,8 @@ void NcclCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   const ncclDataType_t t = nccl_type(dtype);
   if (count < 0) throw Error("all_reduce_sum: negative count " + std::to_string(count));
   if (count == 0) return;
+  if (impl_->p2p && size_t(count) * dtype_size(dtype) <= impl_->p2p->max_bytes())
+    return impl_->p2p->all_reduce_sum(buf, count, dtype);
   impl_->check(ncclAllReduce(buf, buf, size_t(count), t, ncclSum, impl_->comm, impl_->stream), "ncclAllReduce",
                rank_text(rank_, world_));
 }
@@ -119,7 +145,11 @@ void NcclCommunicator::barrier() {
   if (cudaStreamSynchronize(impl_->stream) != cudaSuccess) {
     const cudaError_t e = cudaGetLastError();
     impl_->failed = true;
-    throw Error(rank_text(rank_, world_) + ": barrier: cudaStreamSynchronize failed: " + cudaGetErrorString(e));
+    std::string msg = rank_text(rank_, world_) + ": barrier: cudaStreamSynchronize failed: " + cudaGetErrorString(e);
+    if (impl_->p2p && impl_->p2p->timed_out_on() >= 0)
+      msg += " (the peer-to-peer all-reduce waited past INGOT_TP_TIMEOUT_S for rank " +
+             std::to_string(impl_->p2p->timed_out_on()) + ")";
+    throw Error(msg);
   }
   ncclResult_t async = ncclSuccess;
   impl_->check(ncclCommGetAsyncError(impl_->comm, &async), "ncclCommGetAsyncError", rank_text(rank_, world_));

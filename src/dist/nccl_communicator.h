@@ -23,6 +23,9 @@
 // choice, and every rank receives the same reduced bits, but that order is not rank 0 + rank 1 + ...,
 // so the sum may differ in the last bits from the in-process group's (and 16-bit partial sums are
 // rounded at each step). Nothing more is claimed.
+//
+// Sums of at most INGOT_TP_P2P_BYTES bytes (default 0: none) go instead to the one-shot all-reduce over
+// peer-to-peer memory (dist/p2p_all_reduce.h), which adds in rank order at any world size.
 #pragma once
 #include <memory>
 
@@ -45,7 +48,8 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  // ncclAllReduce with ncclSum, in place, on the backend's stream (f32, f16, bf16).
+  // ncclAllReduce with ncclSum, in place, on the backend's stream (f32, f16, bf16); or the
+  // peer-to-peer one-shot for sums within its size.
   void all_reduce_sum(void* buf, int64_t count, DType dtype) override;
   // ncclAllGather of bytes per rank on the backend's stream; in place when send == recv + rank * bytes.
   void all_gather(const void* send, void* recv, size_t bytes) override;
