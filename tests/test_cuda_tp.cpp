@@ -2,7 +2,7 @@
 // between them. Every test needs at least 2 GPUs and skips, saying so, with fewer (and without a CUDA
 // build with NCCL). Through the command line (the `ingot` staged next to this binary, or the one built
 // with it): `ingot check --tp 2 --device cuda --dtype fp32` passes on every fixture, and greedy bf16
-// tokens at --tp 2 equal --tp 1's. In this process (SPMD as the CLI is: rank 0 re-executes this test
+// tokens at --tp 2 equal --tp 1's, and an engine directory runs as the checkpoint split at load. In this process (SPMD as the CLI is: rank 0 re-executes this test
 // binary for rank 1 with --gtest_filter naming the test): both ranks' logits bitwise equal, from the
 // prefill and from graph-captured decode steps (which hold the NCCL calls), in f32 and bf16.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,38 @@ TEST_F(CudaTp, GreedyBf16TokensEqualOneRank) {
     EXPECT_NE(two.find("generated 32 tokens"), std::string::npos) << f << ":\n" << two;
     EXPECT_EQ(two, one) << f;
   }
+}
+
+// An engine directory (`ingot build --tp 2 -o DIR`) on the GPU: each rank process loads its own rank's
+// file; the greedy bf16 tokens equal those of the checkpoint split at load, and a rank file that does not
+// verify is refused naming it.
+TEST_F(CudaTp, EngineDirectoryEqualsTheCheckpointSplitAtLoad) {
+  const std::string dir = ::testing::TempDir() + "ingot_cuda_tp_engine";
+  fs::remove_all(dir);
+  for (const std::string& f : {std::string("qwen3"), std::string("llama3"), std::string("qwen3_5_text")}) {
+    fs::remove_all(dir);
+    const auto [rcb, built] = test::sh(test::q(ingot_binary()) + " build --tp 2 --dtype bf16 --model " +
+                                       test::q(fixture_dir(f)) + " -o " + test::q(dir));
+    ASSERT_EQ(rcb, 0) << f << ":\n" << built;
+    const std::string tail = " --prompt-ids 1,2,3,4,5 --max-new-tokens 32 --ignore-eos --device cuda";
+    const auto [rc1, from_dir] = test::sh(test::q(ingot_binary()) + " generate --engine " + test::q(dir) + tail);
+    const auto [rc2, split] = test::sh(test::q(ingot_binary()) + " generate --tp 2 --dtype bf16 --model " +
+                                       test::q(fixture_dir(f)) + tail);
+    EXPECT_EQ(rc1, 0) << f << ":\n" << from_dir;
+    EXPECT_EQ(rc2, 0) << f << ":\n" << split;
+    EXPECT_NE(from_dir.find("generated 32 tokens"), std::string::npos) << f << ":\n" << from_dir;
+    EXPECT_EQ(from_dir, split) << f;
+  }
+  {
+    std::fstream file(dir + "/rank-1.ingot", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-10, std::ios::end);
+    file.put('Z');
+  }
+  const auto [rc, out] = test::sh(test::q(ingot_binary()) + " generate --engine " + test::q(dir) +
+                                  " --prompt-ids 1,2,3 --device cuda");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("rank-1.ingot: the file hashes to xxh64"), std::string::npos) << out;
+  fs::remove_all(dir);
 }
 
 TEST_F(CudaTp, RefusesMoreRanksThanGpus) {

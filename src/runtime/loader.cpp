@@ -77,12 +77,6 @@ DType resolve_activations(const std::string& requested, const std::string& devic
 LoadPlan::LoadPlan(const LoadSpec& s) : ls_(s) {
   const int sources = int(!s.model_dir.empty()) + int(!s.engine_path.empty()) + int(!s.config_path.empty());
   if (sources != 1) throw Error("give exactly one model source: a checkpoint folder, an engine file or a config.json");
-  // Said the same in every build (with or without CUDA), before the device is resolved.
-  if (!s.engine_path.empty() && s.device == "cuda" && is_engine_dir(s.engine_path))
-    throw Error(s.engine_path + " --device cuda: an engine directory is split over ranks, and on the GPU the ranks are "
-                "processes (one per GPU), each of which would load its own rank's file: not implemented yet "
-                "(docs/tensor-parallel.md); load the checkpoint with --model and --tp N --device cuda, or run the "
-                "directory with --device cpu");
   const std::optional<DType> requested = s.dtype.empty() ? std::nullopt : std::optional<DType>(parse_dtype(s.dtype));
   if (!s.engine_path.empty() && is_engine_dir(s.engine_path)) {
     dir_ = inspect_tp_engine_dir(s.engine_path);  // the manifest and every rank file's header, no weight read
