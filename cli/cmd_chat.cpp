@@ -38,10 +38,12 @@ void add_chat(CLI::App& app) {
   a->text.add_chat_template(*cmd);
   cmd->add_option("--capacity", a->capacity, "cache slots for the whole conversation (default: 4096, or the engine's)");
   cmd->callback([a] {
-    refuse_tp_processes("chat", a->model);
     // An engine file brings its capacity: 0 takes it, a number must fit within it.
     api::Model model =
         load_text_model(a->model, a->text, a->capacity ? a->capacity : (a->model.engine_path.empty() ? 4096 : 0), true);
+    // Ranks as processes (--tp N on the GPU): only rank 0 reads the terminal; the others run its Model
+    // calls and end with it.
+    if (!model.lead_ranks()) return;
     api::GenerateConfig gc = generate_config(a->text, false);
     // A conversation grows until the cache is full: the turn that reaches the end stops there.
     gc.fit_capacity = true;

@@ -121,7 +121,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--chat-template", a->chat_template, "file with a Jinja chat template to use instead of the model's");
   cmd->add_option("--max-body-mb", a->max_body_mb, "largest request body, in MiB")->check(int_range(1, 1024));
   cmd->callback([a] {
-    refuse_tp_processes("serve", a->model);
+    a->model.check_tp();  // the GPUs --tp N needs, before the tokenizer or any weight is read
     BlockStopSignals blocked;
     if (a->host.empty()) throw Error("serve: --host is empty (127.0.0.1 for this machine only)");
     // Text in and out: the tokenizer and the template are read (and refused) before the weights.
@@ -140,6 +140,9 @@ void add_serve(CLI::App& app) {
     rt.max_batch = a->slots;
     rt.capacity = a->capacity;
     Loaded loaded = load_model(a->model, rt);
+    // Ranks as processes (--tp N on the GPU): only rank 0 serves; the others run its Model calls and
+    // end with it.
+    if (!loaded.model->lead_ranks()) return;
     sm.model = loaded.model.get();
     sm.device = loaded.device;
     for (int64_t e : loaded.engine->spec.eos_ids) sm.eos_ids.push_back(int32_t(e));

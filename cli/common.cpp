@@ -45,20 +45,6 @@ void ModelArgs::check_tp() const {
   if (tp != 1 && device == "cuda") check_gpus_for_tensor_parallel(tp);
 }
 
-void refuse_tp_processes(const std::string& command, const ModelArgs& a) {
-  // Ranks as processes run the same command in every process (SPMD): fine for a batch command, but a
-  // server would bind its port N times and a chat would read the terminal N times.
-  const char* v = std::getenv("INGOT_TP_PROCESSES");
-  if (v && std::string(v) == "1")
-    throw Error("INGOT_TP_PROCESSES=1: `ingot " + command + "` cannot run its ranks as processes yet (check, generate "
-                "and bench can); unset it to run the ranks as threads");
-  // On the GPU the ranks are always processes; --device auto counts when it would pick the GPU.
-  if (a.tp > 1 && (a.device == "cuda" || (a.device == "auto" && resolve_device("auto") == "cuda")))
-    throw Error("`ingot " + command + " --tp " + std::to_string(a.tp) + "` on the GPU: the ranks are processes there "
-                "(one per GPU), which " + command + " cannot run yet (check, generate and bench can); --device cpu runs "
-                "its ranks as threads");
-}
-
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
                           std::string& calibration_ids, bool& quantize_lm_head) {
   app.add_flag("--quantize-lm-head", quantize_lm_head, "with --quantize int4: the LM head too (untied models only; "

@@ -51,9 +51,6 @@ Loaded load_model(const ModelArgs& a, RuntimeOptions rt, bool layout_given = fal
 // weights by the build, quant/int4.h).
 inline constexpr int64_t kDefaultInt4Group = 128;
 std::optional<int64_t> int4_group_option(const std::string& quantize, int64_t group_size);
-// Refuses ranks as processes for a command that cannot run as one process per rank (serve, chat):
-// INGOT_TP_PROCESSES=1, and --tp N on the GPU (where ranks are always processes).
-void refuse_tp_processes(const std::string& command, const ModelArgs& a);
 
 void add_quantize_options(CLI::App& app, std::string& quantize, int64_t& group_size, std::string& calibration,
                           std::string& calibration_ids, bool& quantize_lm_head);

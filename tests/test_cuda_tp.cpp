@@ -2,7 +2,7 @@
 // between them. Every test needs at least 2 GPUs and skips, saying so, with fewer (and without a CUDA
 // build with NCCL). Through the command line (the `ingot` staged next to this binary, or the one built
 // with it): `ingot check --tp 2 --device cuda --dtype fp32` passes on every fixture, and greedy bf16
-// tokens at --tp 2 equal --tp 1's, and an engine directory runs as the checkpoint split at load. In this process (SPMD as the CLI is: rank 0 re-executes this test
+// tokens at --tp 2 equal --tp 1's, an engine directory runs as the checkpoint split at load, and chat led by rank 0 answers as one GPU. In this process (SPMD as the CLI is: rank 0 re-executes this test
 // binary for rank 1 with --gtest_filter naming the test): both ranks' logits bitwise equal, from the
 // prefill and from graph-captured decode steps (which hold the NCCL calls), in f32 and bf16.
 #include <gtest/gtest.h>
@@ -107,6 +107,29 @@ TEST_F(CudaTp, EngineDirectoryEqualsTheCheckpointSplitAtLoad) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("rank-1.ingot: the file hashes to xxh64"), std::string::npos) << out;
   fs::remove_all(dir);
+}
+
+// chat at --tp 2 on the GPU: rank 0 reads the terminal and leads the other process (Model::lead_ranks);
+// the replies (several turns and a /reset) equal one GPU's. The qwen3 fixture with the byte-level test
+// tokenizer and its chat template (tests/data/api).
+TEST_F(CudaTp, ChatLedByRank0EqualsOneGpu) {
+  const std::string model = ::testing::TempDir() + "ingot_cuda_tp_chat_model";
+  fs::remove_all(model);
+  fs::create_directories(model);
+  for (const auto& e : fs::directory_iterator(fixture_dir("qwen3")))
+    if (e.path().filename() != "reference.safetensors") fs::copy(e.path(), model + "/" + e.path().filename().string());
+  const std::string src = fs::path(fixture_dir("qwen3")).parent_path().parent_path().string() + "/api/";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy(src + f, model + "/" + f);
+  const std::string chat = "printf 'Hi\\nHow are you\\n/reset\\nHi\\n' | " + test::q(ingot_binary()) +
+                           " chat --device cuda --dtype fp32 --capacity 64 --max-new-tokens 8 --no-stats --model " +
+                           test::q(model);
+  const auto [rc1, one] = test::sh(chat);
+  const auto [rc2, two] = test::sh(chat + " --tp 2");
+  EXPECT_EQ(rc1, 0) << one;
+  EXPECT_EQ(rc2, 0) << two;
+  EXPECT_NE(one.find("[conversation reset]"), std::string::npos) << one;
+  EXPECT_EQ(two, one);
+  fs::remove_all(model);
 }
 
 TEST_F(CudaTp, RefusesMoreRanksThanGpus) {

@@ -37,9 +37,15 @@ std::string text_model(TempDir& d) {
 // `ingot serve ARGS --port 0` in a child process, its output in a file; stopped (SIGTERM) when destroyed.
 class Serve {
  public:
-  Serve(const std::vector<std::string>& args, const std::string& log) : log_(log) {
+  // env: "NAME=VALUE" entries set in the server's environment.
+  Serve(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {})
+      : log_(log) {
     pid_ = ::fork();
     if (pid_ == 0) {
+      for (const std::string& e : env) {
+        const size_t eq = e.find('=');
+        ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+      }
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -113,6 +119,13 @@ TEST(ServerTp, Tp2AndAnEngineDirectoryAnswerAsTp1) {
     Serve s(args, d.file("serve" + std::to_string(answers.size()) + ".log"));  // a fresh log: no earlier port
     ASSERT_GT(s.port(), 0) << s.log();
     answers.push_back(complete(s, "Hi there"));
+  }
+  // Ranks as processes, as on the GPU: only rank 0 serves and leads the other (Model::lead_ranks).
+  for (const auto& args : {runs[1], runs[2]}) {
+    Serve s(args, d.file("serve" + std::to_string(answers.size()) + ".log"), {"INGOT_TP_PROCESSES=1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    answers.push_back(complete(s, "Hi there"));
+    answers.push_back(complete(s, "Hi there"));  // the same again: the rows reused, the ranks still in step
   }
   EXPECT_FALSE(answers[0].first.empty());
   for (size_t i = 1; i < answers.size(); ++i) {

@@ -232,6 +232,21 @@ TEST(TpCli, ChatAtTp2EqualsTp1AndTheEngineDirectory) {
   EXPECT_FALSE(one.empty());
   EXPECT_EQ(two, one);
   EXPECT_EQ(from_dir, one);
+  // Ranks as processes (as on the GPU): rank 0 reads the terminal and leads the other process
+  // (Model::lead_ranks); several turns and a /reset, from the checkpoint and from the directory.
+  const std::string turns = "printf 'Hi\\nHow are you\\n/reset\\nHi\\n' | ";
+  const std::string chat_cmd = " chat --device cpu --threads 2 --capacity 64 --max-new-tokens 8 --no-stats ";
+  auto [rc5, threads] = sh(turns + q(INGOT_BINARY) + chat_cmd + "--model " + q(model) + " --tp 2");
+  auto [rc6, procs] = sh(turns + "INGOT_TP_PROCESSES=1 " + q(INGOT_BINARY) + chat_cmd + "--model " + q(model) + " --tp 2");
+  auto [rc7, procs_dir] = sh(turns + "INGOT_TP_PROCESSES=1 " + q(INGOT_BINARY) + chat_cmd + "--engine " + q(dir));
+  auto [rc8, threads_dir] = sh(turns + q(INGOT_BINARY) + chat_cmd + "--engine " + q(dir));
+  ASSERT_EQ(rc5, 0) << threads;
+  ASSERT_EQ(rc8, 0) << threads_dir;
+  EXPECT_EQ(rc6, 0) << procs;
+  EXPECT_EQ(rc7, 0) << procs_dir;
+  EXPECT_NE(threads.find("[conversation reset]"), std::string::npos) << threads;
+  EXPECT_EQ(procs, threads);
+  EXPECT_EQ(procs_dir, threads_dir);  // an engine's note on a full cache differs from a folder's
   auto [rc4, bad] = sh(chat + "--engine " + q(dir) + " --tp 4");
   EXPECT_NE(rc4, 0);
   EXPECT_NE(bad.find("--tp 4"), std::string::npos) << bad;

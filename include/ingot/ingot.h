@@ -136,6 +136,14 @@ class Model {
   double load_seconds() const;  // time load() took
   void reset();                 // forget the cached conversation
 
+  // Tensor parallelism with ranks as processes (LoadConfig::tp > 1 on the GPU: one process per GPU,
+  // each running this program from the start). A program whose input reaches only the first process
+  // (a server, a terminal) calls this once after load(): the first process gets true and drives the
+  // model; every other process runs the model calls the first one makes, until that Model is gone,
+  // and then gets false and should end. Programs that make the same calls in every process (a batch
+  // job) need not call it. Always true without ranks as processes.
+  bool lead_ranks();
+
  private:
   struct Impl;
   explicit Model(std::unique_ptr<Impl> impl);

@@ -236,6 +236,8 @@ std::vector<float> Model::logits(const std::vector<int32_t>& ids) {
   return out;
 }
 
+bool Model::lead_ranks() { return impl_->loaded.model->lead_ranks(); }
+
 int64_t Model::vocab_size() const { return impl_->loaded.model->spec().vocab; }
 int64_t Model::capacity() const { return impl_->loaded.model->state().capacity(); }
 std::string Model::device() const { return impl_->loaded.device; }

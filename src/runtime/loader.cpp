@@ -30,7 +30,7 @@ std::string resolve_device(const std::string& device) {
   }
   if (device == "cuda") {
 #ifndef INGOT_WITH_CUDA
-    throw Error("this build of ingot has no CUDA backend (nvcc was not found at configure time)");
+    throw Error("--device cuda: this build of ingot has no CUDA backend (nvcc was not found at configure time); --device cpu runs on the CPU");
 #endif
     return device;
   }
@@ -209,7 +209,7 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
 void check_gpus_for_tensor_parallel(int tp) {
   const std::string flag = "--tp " + std::to_string(tp) + " --device cuda";
 #ifndef INGOT_WITH_CUDA
-  throw Error(flag + ": this build of ingot has no CUDA backend (nvcc was not found at configure time)");
+  throw Error(flag + ": this build of ingot has no CUDA backend (nvcc was not found at configure time); --device cpu runs it");
 #else
 #ifndef INGOT_WITH_NCCL
   throw Error(flag + ": this build of ingot has no NCCL (libnccl and nccl.h were not found at configure time), which "

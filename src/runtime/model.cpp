@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "models/rope.h"
 #include "runtime/tp_group.h"
+#include "runtime/tp_lead.h"
 
 namespace ingot {
 
@@ -142,7 +143,7 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
   if (group_) group_->start_peers(options);
 }
 
-Model::~Model() = default;
+Model::~Model() { end_lead(); }
 
 Model::Prepared Model::prepare(const Batch& b) const {
   if (b.rows.empty()) throw Error("forward: the batch has no rows");
@@ -249,6 +250,8 @@ void Model::on_ranks(const std::function<void(Model& m, int rank)>& fn) {
 
 void Model::set_sampling(int row, const SamplingParams& p, std::span<const int32_t> history, uint32_t draws,
                          std::span<const int32_t> generated) {
+  if (leading_) send_call(tp_call::set_sampling(row, p, history, draws, generated));
+  const Lead lead{*this};
   if (!group_) return set_sampling_local(row, p, history, draws, generated);
   on_ranks([&](Model& m, int) { m.set_sampling_local(row, p, history, draws, generated); });
 }
@@ -400,6 +403,8 @@ void Model::launch_readback(int64_t n) {
 }
 
 std::vector<int32_t> Model::finish_launch() {
+  if (leading_) send_call(tp_call::bare(tp_call::Call::FinishLaunch));
+  const Lead lead{*this};
   if (!group_) return finish_launch_local();
   std::vector<int32_t> picks;
   on_ranks([&](Model& m, int r) {
@@ -418,6 +423,8 @@ std::vector<int32_t> Model::finish_launch_local() {
 }
 
 void Model::launch_forward(const Batch& batch, const std::vector<int32_t>& feed) {
+  if (leading_) send_call(tp_call::launch_forward(batch, feed));
+  const Lead lead{*this};
   if (!group_) return launch_forward_local(batch, feed);
   on_ranks([&](Model& m, int) { m.launch_forward_local(batch, feed); });
 }
@@ -500,6 +507,8 @@ std::vector<int32_t> Model::decode(const std::vector<int>& rows, const std::vect
 
 void Model::launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                           const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed) {
+  if (leading_) send_call(tp_call::launch_decode(rows, tokens, write_index, feed));
+  const Lead lead{*this};
   if (!group_) return launch_decode_local(rows, tokens, write_index, feed);
   on_ranks([&](Model& m, int) { m.launch_decode_local(rows, tokens, write_index, feed); });
 }
@@ -539,6 +548,8 @@ void Model::launch_decode_local(const std::vector<int>& rows, const std::vector<
 }
 
 HostTensor Model::forward(const Batch& batch) {
+  if (leading_) send_call(tp_call::forward(tp_call::Call::Forward, batch));
+  const Lead lead{*this};
   if (!group_) return forward_local(batch);
   HostTensor out;
   on_ranks([&](Model& m, int r) {
@@ -549,6 +560,8 @@ HostTensor Model::forward(const Batch& batch) {
 }
 
 std::vector<HostTensor> Model::forward_ranks(const Batch& batch) {
+  if (leading_) send_call(tp_call::forward(tp_call::Call::ForwardRanks, batch));
+  const Lead lead{*this};
   std::vector<HostTensor> out(size_t(spec_.tp.world));
   on_ranks([&](Model& m, int r) { out[size_t(r)] = m.forward_local(batch); });
   return out;

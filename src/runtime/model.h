@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -129,6 +130,16 @@ class Model {
   };
   StepLogprobs decode_logprobs(int top_n);
 
+  // Ranks as processes for a command that only rank 0 drives (`serve` takes requests, `chat` reads the
+  // terminal, on rank 0 alone): on rank 0 it returns true, and from then on every call above that the
+  // ranks run together (set_sampling, forward, forward_ranks, launch_decode, launch_forward,
+  // finish_launch; decode through the last two) is sent to the other processes before it runs here
+  // (runtime/tp_lead.h), until this Model goes. On another rank it runs the calls rank 0 sends, in order,
+  // and returns false once rank 0's Model is gone (the caller then ends the command); it throws where a
+  // call fails on one side only, or the group stops. Without ranks as processes: true, nothing changes.
+  // Batch commands (generate, check, bench) need none of this: every process runs the same calls.
+  bool lead_ranks();
+
   const ModelSpec& spec() const { return spec_; }
   Backend& backend() { return be_; }
   // The cache rows, their capacity and layout, and the capacity rule.
@@ -186,6 +197,22 @@ class Model {
   // next_tokens_[i] = the pick from logits_ row i (of n) for cache row rows[i] (backend memory)
   void pick(int64_t n, const int32_t* rows, bool sampled);
   bool any_sampled(const std::vector<int>& rows) const;
+
+  // Ranks as processes led by rank 0 (lead_ranks, runtime/tp_lead.cpp).
+  bool leading_ = false;      // rank 0 after lead_ranks(): calls go to the other ranks first
+  bool lead_failed_ = false;  // the last call sent threw here (told to the others with the next)
+  void send_call(std::vector<uint8_t> msg);  // rank 0: msg (tp_lead.h) to every other rank
+  void end_lead() noexcept;                   // rank 0: the End call, once
+  void follow();                              // the other ranks: rank 0's calls until its End
+  // Rank 0 leading, in a call it sent: marks the call failed when it throws (the others are told with
+  // the next message, and a rank where it did not fail stops).
+  struct Lead {
+    Model& m;
+    int unwinding = std::uncaught_exceptions();
+    ~Lead() {
+      if (m.leading_ && std::uncaught_exceptions() > unwinding) m.lead_failed_ = true;
+    }
+  };
 
   std::unique_ptr<TpGroup> group_;  // rank 0 of a tensor-parallel group: the other ranks (first: made first, gone last)
   Communicator* comm_ = nullptr;     // set on every rank of a group

@@ -74,6 +74,10 @@ class TpGroup {
   // Ranks as processes (RankProcess): this process is one rank, and shard(0), comm(0) and run() are
   // that rank's, whichever it is; every process runs the same calls.
   bool processes() const { return procs_ != nullptr; }
+  // Ranks as processes: this process's rank, and the process group's own communicator (host memory,
+  // whatever the Models' collectives go through); -1 and null otherwise.
+  int process_rank() const { return procs_ ? procs_->rank() : -1; }
+  Communicator* host_comm() { return procs_ ? &procs_->group().comm() : nullptr; }
   const Engine& shard(int rank) const { return shards_[size_t(rank)]; }
   Communicator& comm(int rank) { return procs_ ? procs_->comm() : comms_.comm(rank); }
   // Makes ranks 1..world-1: a CPU backend and a Model over its slice each, in the rank's own thread.
