@@ -65,8 +65,9 @@ __global__ void __launch_bounds__(kThreads) p2p_reduce_kernel(const P2pReducePar
       *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(buf + i);
     for (int64_t i = s.vec_end + threadIdx.x; i < s.hi; i += kThreads) dst[i] = buf[i];
   }
-  // 2. The block's writes are done (barrier), then its flag on every rank, released at system scope so
-  //    a rank that sees the flag sees the slice.
+  // 2. Each thread's writes made visible system-wide (fence), the block's all done (barrier), then its
+  //    flag on every rank, released at system scope, so a rank that sees the flag sees the slice.
+  __threadfence_system();
   __syncthreads();
   if (threadIdx.x < p.world) store_release_sys(p.flags[threadIdx.x] + size_t(b) * p.world + p.rank, call);
   // 3. Every rank's block b has delivered here.
