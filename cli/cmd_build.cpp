@@ -20,6 +20,15 @@ namespace ingot::cli {
 
 namespace {
 
+// "bf16", or "bf16 + int4 gptq (group 128)": what the written weights are, for the closing line.
+std::string weights_text(const EngineFileInfo& f) {
+  std::string t(dtype_name(f.weight_dtype));
+  if (!f.quant) return t;
+  const QuantConfig& q = *f.quant;
+  return t + " + int4 " + (q.method == "rtn" ? std::string() : q.method + " ") + "(" +
+         (q.group_size < 0 ? std::string("one group per row") : "group " + std::to_string(q.group_size)) + ")";
+}
+
 // The bounds are upper limits (runs allocate per request), so only bounds no single device could ever
 // hold are refused: the least a run at the full bounds takes is its plan with activations in the
 // weights' dtype (what the GPU uses), weights included.
@@ -80,11 +89,6 @@ void add_build(CLI::App& app) {
     // The split is checked against the model before the output is touched or any weight is read.
     if (a->tp != 1) {
       check_tensor_parallel(spec, a->tp, "build --tp");
-      if (!a->quantize.empty())
-        throw Error("build --tp " + std::to_string(a->tp) +
-                    ": an engine directory of INT4 weights is not implemented yet; build one engine file (`ingot "
-                    "build --quantize int4 -o F`) and run it with --engine F --tp " +
-                    std::to_string(a->tp) + ", which splits it at load (docs/tensor-parallel.md)");
       check_engine_dir_output(a->output, a->tp, a->force, inputs);
     } else {
       check_output_path(a->output, "-o", a->force, inputs);
@@ -95,6 +99,20 @@ void add_build(CLI::App& app) {
     if (a->quantize_lm_head && !bo.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
     bo.quantize_lm_head = a->quantize_lm_head;
     if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
+    // INT4 over ranks: every column cut must fall between whole groups, and act-order weights are refused
+    // (the loader's rule for --tp), before anything is read.
+    if (a->tp != 1) {
+      std::optional<QuantConfig> q;
+      if (bo.int4_group_size) {
+        q.emplace().group_size = *bo.int4_group_size;
+      } else if (!a->model_dir.empty()) {
+        if (const std::optional<PublishedQuant> p = read_published_quant(a->model_dir)) {
+          q.emplace().group_size = int4_runtime_group(p->group_size, int4_quantizable_cols(weight_table(spec)));
+          q->act_order = p->act_order;
+        }
+      }
+      if (q) check_int4_split(spec, *q, a->tp, "build --tp");
+    }
     // The calibration tokens, read and checked against the vocabulary before the output is touched.
     std::vector<int32_t> calibration;
     if (!a->calibration.empty() || !a->calibration_ids.empty()) {
@@ -152,7 +170,7 @@ void add_build(CLI::App& app) {
                   "capacity %lld, layout %s, build %s\n",
                   a->output.c_str(), d.ranks[0].spec.family.c_str(), d.world, d.files.front().name.c_str(),
                   d.files.back().name.c_str(), kTpManifestName, double(bytes) / 1e6,
-                  std::string(dtype_name(d.ranks[0].weight_dtype)).c_str(), d.ranks[0].bounds.max_batch,
+                  weights_text(d.ranks[0]).c_str(), d.ranks[0].bounds.max_batch,
                   (long long)d.ranks[0].bounds.capacity, layout_name(d.ranks[0].bounds.layout).c_str(), d.build_id.c_str());
       return;
     }
@@ -161,12 +179,7 @@ void add_build(CLI::App& app) {
       save_engine(engine, info, a->output, bar.fn());
     }
     const EngineFileInfo f = inspect_engine(a->output);
-    const std::string weights = std::string(dtype_name(f.weight_dtype)) +
-                                (f.quant ? " + int4 " + (f.quant->method == "rtn" ? std::string() : f.quant->method + " ") + "(" +
-                                               (f.quant->group_size < 0 ? std::string("one group per row")
-                                                                        : "group " + std::to_string(f.quant->group_size)) +
-                                               ")"
-                                         : "");
+    const std::string weights = weights_text(f);
     std::printf("wrote %s: %s, %lld layers, %s weights (%.2f MB), max batch %d, capacity %lld, layout %s\n",
                 a->output.c_str(), f.spec.family.c_str(), (long long)f.spec.layers, weights.c_str(), double(engine.weight_bytes()) / 1e6, f.bounds.max_batch,
                 (long long)f.bounds.capacity, layout_name(f.bounds.layout).c_str());

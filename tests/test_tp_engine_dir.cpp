@@ -205,6 +205,57 @@ TEST(TpEngineDir, LoadRefusesAnotherWorldSizeAndALoneRankFile) {
   test::expect_error([&] { load(ls, rt); }, {"without manifest.json"});
 }
 
+// INT4 engine directories (`build --tp 2 --quantize int4`, and a published INT4 folder built with
+// --tp 2): the tokens equal those of one INT4 engine file split at load (`--engine F --tp 2`), with the
+// ranks as threads and as processes; a published folder's directory passes its transformers reference;
+// group cuts and act-order weights are refused before anything is written.
+TEST(TpEngineDir, Int4DirectoriesEqualTheFileSplitAtLoad) {
+  test::TempDir d;
+  const std::string ingot = q(INGOT_BINARY);
+  struct Case {
+    std::string fixture, flags;
+  };
+  for (const Case& c : {Case{"llama3", "--quantize int4 --group-size 32 --quantize-lm-head"},
+                        Case{"qwen3_5_text", "--quantize int4 --group-size 32"}}) {
+    const std::string dir = d.file(c.fixture + "_dir"), file = d.file(c.fixture + ".ingot");
+    const std::string from = " --quiet --model " + q(test::fixture(c.fixture)) + " " + c.flags;
+    auto [b1, out1] = sh(ingot + " build" + from + " --tp 2 -o " + q(dir));
+    ASSERT_EQ(b1, 0) << out1;
+    EXPECT_NE(out1.find("+ int4 (group 32) weights"), std::string::npos) << out1;
+    auto [b2, out2] = sh(ingot + " build" + from + " -o " + q(file));
+    ASSERT_EQ(b2, 0) << out2;
+    const std::string gen = " generate --device cpu --prompt-ids 1,2,3 --max-new-tokens 12 --ignore-eos";
+    auto [r1, split] = sh(ingot + gen + " --engine " + q(file) + " --tp 2");
+    auto [r2, threads] = sh(ingot + gen + " --engine " + q(dir));
+    auto [r3, procs] = sh("INGOT_TP_PROCESSES=1 " + ingot + gen + " --engine " + q(dir));
+    EXPECT_EQ(r1 | r2 | r3, 0) << split << threads << procs;
+    EXPECT_NE(split.find("generated 12 tokens"), std::string::npos) << split;
+    EXPECT_EQ(threads, split) << c.fixture;
+    EXPECT_EQ(procs, split) << c.fixture;
+  }
+  for (const char* f : {"int4/gptq_v1_sym_g32", "int4/awq_gemm_g32", "int4/ct_group_sym_g32_qwen3"}) {
+    const std::string dir = d.file(fs::path(f).filename().string());
+    auto [b, out] = sh(ingot + " build --quiet --max-batch 4 --model " + q(test::fixture(f)) + " --tp 2 -o " + q(dir));
+    ASSERT_EQ(b, 0) << f << ": " << out;
+    auto [rc, check] = sh(ingot + " check --device cpu --engine " + q(dir) + " --reference " +
+                          q(test::fixture(f) + "/reference.safetensors"));
+    EXPECT_EQ(rc, 0) << f << ": " << check;
+    EXPECT_NE(check.find("check passed"), std::string::npos) << f << ": " << check;
+  }
+  // wo's 64 input columns over 2 ranks: 32 a rank, which groups of 64 would cut.
+  const std::string cut = d.file("cut");
+  auto [rc1, out1] = sh(ingot + " build --quiet --model " + q(test::fixture("llama3")) +
+                        " --quantize int4 --group-size 64 --tp 2 -o " + q(cut));
+  EXPECT_NE(rc1, 0);
+  EXPECT_NE(out1.find("would cut its groups of 64 columns"), std::string::npos) << out1;
+  EXPECT_FALSE(fs::exists(cut)) << "the directory was made before the refusal";
+  auto [rc2, out2] = sh(ingot + " build --quiet --model " + q(test::fixture("int4/gptq_v1_asym_actorder_g32")) +
+                        " --tp 2 -o " + q(cut));
+  EXPECT_NE(rc2, 0);
+  EXPECT_NE(out2.find("is act-order"), std::string::npos) << out2;
+  EXPECT_FALSE(fs::exists(cut));
+}
+
 // A folder of the qwen3 fixture with the byte-level test tokenizer (tests/data/api), for text commands.
 std::string text_model(test::TempDir& d) {
   const fs::path folder = d.file("model");

@@ -661,7 +661,6 @@ EngineFileInfo parse_engine_file(const uint8_t* data, size_t size, const std::st
   if (info.tp_world_size > 1) {
     info.tp_build_id = f.string(par, "parallel.build_id", "build_id");
     if (info.tp_build_id.empty()) f.fail("parallel.build_id", "is empty");
-    if (info.quant) f.fail("parallel.tp_world_size", "is " + std::to_string(info.tp_world_size) + ": INT4 engines are not split over ranks");
     try {
       info.weights_spec = rank_spec(s, info.tp_world_size, info.tp_rank);
     } catch (const Error& e) {

@@ -156,10 +156,7 @@ void save_tp_engine_dir(const Engine& whole, EngineBuildInfo info, int world, co
                         const ProgressFn& progress) {
   check_tensor_parallel(whole.spec, world, "build --tp");
   if (world < 2) throw Error("build --tp " + std::to_string(world) + ": an engine directory holds 2 or more ranks");
-  if (whole.quant)
-    throw Error("build --tp " + std::to_string(world) +
-                ": an engine directory of INT4 weights is not implemented yet; build one engine file and run it with "
-                "--engine F --tp " + std::to_string(world) + ", which splits it at load (docs/tensor-parallel.md)");
+  if (whole.quant) check_int4_split(whole.spec, *whole.quant, world, "build --tp");
   std::error_code ec;
   fs::create_directory(dir, ec);
   if (ec) throw Error("-o " + dir + ": cannot create the directory: " + ec.message());
