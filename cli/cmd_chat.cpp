@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common.h"
+#include "dist/in_process.h"  // GroupStopped
 #include "core/error.h"
 #include "text_generation.h"
 
@@ -82,6 +83,8 @@ void add_chat(CLI::App& app) {
           messages.pop_back();
         else
           messages.push_back({"assistant", r.text});
+      } catch (const GroupStopped&) {  // a tensor-parallel rank ended: the model cannot answer again
+        throw;
       } catch (const Error& e) {  // a failed turn is reported and forgotten; the conversation goes on
         std::fprintf(stderr, "error: %s\n", e.what());
         messages.pop_back();

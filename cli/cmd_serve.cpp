@@ -177,6 +177,8 @@ void add_serve(CLI::App& app) {
       std::fprintf(stderr, "warning: listening on %s without --api-key: anyone who reaches this address can use it\n",
                    a->host.c_str());
     srv.run();
+    const std::string fatal = srv.fatal_error();
+    if (!fatal.empty()) throw Error("serve: stopped: " + fatal);
   });
 }
 

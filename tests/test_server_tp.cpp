@@ -79,6 +79,19 @@ class Serve {
     }
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // Waits up to `seconds` for the server to end by itself; its exit status, or -1 if it did not.
+  int wait_exit(int seconds) {
+    for (int i = 0; i < seconds * 50 && pid_ > 0; ++i) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return st;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
   std::string log() const {
     std::ifstream in(log_);
     std::stringstream ss;
@@ -132,6 +145,40 @@ TEST(ServerTp, Tp2AndAnEngineDirectoryAnswerAsTp1) {
     EXPECT_EQ(answers[i].first, answers[0].first) << "run " << i;
     EXPECT_EQ(answers[i].second, answers[0].second) << "run " << i;
   }
+}
+
+// Ranks as processes: a worker that dies fails the request in flight with an error naming it, and the
+// server, whose model can run no more, stops and exits non-zero saying why (instead of answering
+// every later request with the same error).
+TEST(ServerTp, ARankThatDiesStopsTheServer) {
+  TempDir d;
+  const std::string model = text_model(d);
+  Serve s({"--model", model, "--tp", "2"}, d.file("serve.log"), {"INGOT_TP_PROCESSES=1"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const auto first = complete(s, "Hi there");
+  EXPECT_FALSE(first.first.empty()) << s.log();
+  // Rank 1: the server's child process.
+  pid_t worker = -1;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (stat >> pid >> comm >> state >> ppid && ppid == s.pid()) worker = pid_t(std::stoi(pid));
+  }
+  ASSERT_GT(worker, 0) << "no worker process under the server";
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
+  httplib::Client c("127.0.0.1", s.port());
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 4}, {"temperature", 0}}.dump(),
+                  "application/json");
+  if (r) {  // the server may already be gone; if it answered, the answer names the rank
+    EXPECT_EQ(r->status, 500) << r->body;
+    EXPECT_NE(r->body.find("rank 1"), std::string::npos) << r->body;
+  }
+  const int st = s.wait_exit(30);
+  ASSERT_NE(st, -1) << "the server did not stop:\n" << s.log();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  EXPECT_NE(s.log().find("serve: stopped: tensor parallel: rank 1"), std::string::npos) << s.log();
 }
 
 }  // namespace

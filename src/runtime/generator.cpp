@@ -5,6 +5,7 @@
 
 #include "backend/logprobs.h"
 #include "backend/sampling.h"
+#include "dist/in_process.h"  // GroupStopped
 
 namespace ingot {
 
@@ -126,6 +127,7 @@ Generator::~Generator() {
 }
 
 RequestId Generator::submit(Request r) {
+  if (!broken_.empty()) throw GroupStopped("generate: the model cannot run any more: " + broken_);
   const int64_t len = int64_t(r.prompt.size());
   if (len < 1) throw Error("generate: the prompt is empty");
   if (r.max_new_tokens < 1) throw Error("generate: max_new_tokens must be at least 1");
@@ -300,6 +302,8 @@ void Generator::accept(Active& a, int32_t tok, TokenLogprob* lp) {
 }
 
 void Generator::fail_all(const std::vector<int>& slots, const std::exception& e) {
+  // A stopped group does not come back: what every later call would say, said once.
+  if (dynamic_cast<const GroupStopped*>(&e) && broken_.empty()) broken_ = e.what();
   for (int s : slots) finish(*slots_[size_t(s)].req, StopReason::Error, e.what());
 }
 
@@ -526,7 +530,10 @@ Completion Generator::generate(Request r) {
   submit(std::move(r));
   while (!*got)
     if (!step() && !*got) throw Error("generator: went idle before the request finished");
-  if ((*got)->stop == StopReason::Error) throw Error((*got)->error);
+  if ((*got)->stop == StopReason::Error) {
+    if (!broken_.empty()) throw GroupStopped((*got)->error);  // the caller cannot go on with this model
+    throw Error((*got)->error);
+  }
   return std::move(**got);
 }
 

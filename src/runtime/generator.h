@@ -181,6 +181,9 @@ class Generator {
   // Forget what a slot (or every slot) caches: its cache row was written outside the generator.
   void forget(int slot);
   void forget_all();
+  // Why the model can run no more (its tensor-parallel group stopped: a rank ended), or empty. The
+  // requests in flight then have failed with it, and submit refuses every later one.
+  const std::string& broken() const { return broken_; }
 
  private:
   struct Active;
@@ -229,6 +232,7 @@ class Generator {
   RequestId next_id_ = 1;
   uint64_t stamp_ = 0;
   StepStats stats_;
+  std::string broken_;
 };
 
 }  // namespace ingot

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace ingot::server {
 
@@ -26,8 +27,9 @@ std::vector<ChoiceEvent> Channel::take(std::chrono::milliseconds timeout) {
   return out;
 }
 
-Scheduler::Scheduler(Generator& gen, Metrics& metrics, size_t max_queue, int64_t capacity)
-    : gen_(gen), metrics_(metrics), max_queue_(max_queue), capacity_(capacity) {
+Scheduler::Scheduler(Generator& gen, Metrics& metrics, size_t max_queue, int64_t capacity,
+                     std::function<void(const std::string&)> on_broken)
+    : gen_(gen), metrics_(metrics), on_broken_(std::move(on_broken)), max_queue_(max_queue), capacity_(capacity) {
   publish(0);
   thread_ = std::thread([this] { loop(); });
 }
@@ -159,6 +161,7 @@ void Scheduler::loop() {
         // bookkeeping) is reported and the loop goes on, so the server keeps answering.
         std::fprintf(stderr, "ingot serve: generator step failed: %s\n", e.what());
       }
+      if (!gen_.broken().empty() && !std::exchange(told_broken_, true) && on_broken_) on_broken_(gen_.broken());
     }
     const auto t1 = Clock::now();
     publish(taken);

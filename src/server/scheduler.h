@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,8 +57,11 @@ struct SlotView {
 
 class Scheduler {
  public:
-  // The generator must outlive the scheduler. max_queue: choices that may wait for a slot.
-  Scheduler(Generator& gen, Metrics& metrics, size_t max_queue, int64_t capacity);
+  // The generator must outlive the scheduler. max_queue: choices that may wait for a slot. on_broken:
+  // called once, on the scheduler's thread, when the generator's model can run no more
+  // (Generator::broken: a tensor-parallel rank ended), with the reason.
+  Scheduler(Generator& gen, Metrics& metrics, size_t max_queue, int64_t capacity,
+            std::function<void(const std::string&)> on_broken = {});
   ~Scheduler();  // close(), then joins the thread
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -84,6 +88,8 @@ class Scheduler {
 
   Generator& gen_;
   Metrics& metrics_;
+  std::function<void(const std::string&)> on_broken_;
+  bool told_broken_ = false;  // scheduler thread
   const size_t max_queue_;
   const int64_t capacity_;
   mutable std::mutex mu_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "core/error.h"
 #include "runtime/generator.h"
@@ -43,6 +44,9 @@ struct Server::Impl {
   ServerOptions o;
   Metrics metrics;
   Generator gen;
+  // Why the server stopped itself (the model's ranks stopped), for the command to report; empty otherwise.
+  std::mutex fatal_mu;
+  std::string fatal;
   Scheduler sched;
   Completions completions;
   httplib::Server http;
@@ -54,7 +58,17 @@ struct Server::Impl {
       : m(std::move(model)),
         o(std::move(opt)),
         gen(*m.model, GeneratorOptions{o.prefill_budget}),
-        sched(gen, metrics, o.max_queue, m.model->state().capacity()),
+        sched(gen, metrics, o.max_queue, m.model->state().capacity(),
+              [this](const std::string& why) {
+                // A model that can run no more cannot serve: every request in flight has its error;
+                // the server stops taking more, and the command ends with the reason.
+                {
+                  std::lock_guard<std::mutex> l(fatal_mu);
+                  fatal = why;
+                }
+                sched.close();
+                http.stop();
+              }),
         completions(m, sched, o) {
     routes();
   }
@@ -220,5 +234,10 @@ void Server::stop() {
 }
 
 bool Server::running() const { return impl_->http.is_running(); }
+
+std::string Server::fatal_error() const {
+  std::lock_guard<std::mutex> l(impl_->fatal_mu);
+  return impl_->fatal;
+}
 
 }  // namespace ingot::server

@@ -52,6 +52,9 @@ class Server {
   // Cancels every request (each gets its answer), then closes the listener; run() returns.
   void stop();
   bool running() const;
+  // After run() returned: why the server stopped itself (its model can run no more: a tensor-parallel
+  // rank ended), or empty when stop() was asked.
+  std::string fatal_error() const;
 
  private:
   struct Impl;
