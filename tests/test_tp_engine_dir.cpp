@@ -256,6 +256,30 @@ TEST(TpEngineDir, Int4DirectoriesEqualTheFileSplitAtLoad) {
   EXPECT_FALSE(fs::exists(cut));
 }
 
+// `ingot inspect` on an engine directory: the manifest's world size and build, each rank file with its
+// share of the heads, rank 0's metadata; --json holds the manifest and every rank's metadata; --verify
+// checks every file against the manifest.
+TEST(TpEngineDir, InspectShowsTheDirectory) {
+  test::TempDir d;
+  const std::string dir = d.file("e");
+  build_dir("qwen3", 2, dir);
+  auto [rc, out] = sh(q(INGOT_BINARY) + " inspect " + q(dir));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("split over 2 ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank-1.ingot"), std::string::npos) << out;
+  EXPECT_NE(out.find("heads 2 (kv 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("qwen3: 2 layers"), std::string::npos) << out;
+  auto [rcv, verified] = sh(q(INGOT_BINARY) + " inspect --verify --quiet --engine " + q(dir));
+  EXPECT_EQ(rcv, 0) << verified;
+  EXPECT_NE(verified.find("checksums verified"), std::string::npos) << verified;
+  auto [rcj, js] = sh(q(INGOT_BINARY) + " inspect --json " + q(dir) + " 2>/dev/null");
+  ASSERT_EQ(rcj, 0) << js;
+  const json j = json::parse(js);
+  EXPECT_EQ(j["manifest"]["world_size"], 2);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  EXPECT_EQ(j["ranks"][1]["metadata"]["parallel"]["tp_rank"], 1);
+}
+
 // A folder of the qwen3 fixture with the byte-level test tokenizer (tests/data/api), for text commands.
 std::string text_model(test::TempDir& d) {
   const fs::path folder = d.file("model");
