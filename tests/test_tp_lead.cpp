@@ -121,7 +121,7 @@ TEST(TpLeadProcesses, Rank0LeadsAndTheOtherFollows) {
   Engine engine = build_engine(test::fixture("qwen3"), BuildOptions{DType::F32});
   RuntimeOptions rt;
   rt.max_batch = 2;
-  rt.capacity = 32;
+  rt.capacity = 256;
   rt.tp = 2;
   bool led = false;
   {
@@ -158,6 +158,19 @@ TEST(TpLeadProcesses, Rank0LeadsAndTheOtherFollows) {
         for (int32_t& t : ts) t = t < 0 ? 0 : t;
         for (int64_t& i : at) ++i;
       }
+      // A call longer than the broadcast's first slot (tp_lead.h: 1016 bytes): a 200-token prompt with
+      // explicit positions, in a row of its own.
+      Batch longer;
+      BatchRow big{0, {}, 0, {}, false};
+      for (int i = 0; i < 200; ++i) {
+        big.tokens.push_back(int32_t(1 + i % 300));
+        big.positions.push_back(i);
+      }
+      longer.rows.push_back(big);
+      Model solo2(engine, *be, one);
+      const HostTensor la = m.forward(longer), lb = solo2.forward(longer);
+      ASSERT_EQ(la.numel(), lb.numel());
+      for (int64_t i = 0; i < la.numel(); ++i) EXPECT_NEAR(la.as<float>()[i], lb.as<float>()[i], 1e-4f) << i;
       // Two launched steps, the second fed the first's picks on the device.
       m.launch_decode({0, 1}, tm, at);
       for (int64_t& i : at) ++i;

@@ -2,6 +2,7 @@
 // the process group, and Model::lead_ranks / follow.
 #include "runtime/tp_lead.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <type_traits>
@@ -195,17 +196,31 @@ void Reader::end() const {
 }
 
 std::vector<uint8_t> broadcast(Communicator& host, const std::vector<uint8_t>& msg) {
+  // One all-gather of a fixed slot per rank carries the size and the first bytes, which is the whole of
+  // a decode step's calls (a few bytes a row); a longer call (a prompt) sends the rest in a second.
+  constexpr size_t kSlot = 1024, kHead = sizeof(uint64_t), kInline = kSlot - kHead;
   const int rank = host.rank(), world = host.world();
-  std::vector<uint64_t> sizes(size_t(world), 0);
-  sizes[size_t(rank)] = rank == 0 ? msg.size() : 0;
-  host.all_gather(&sizes[size_t(rank)], sizes.data(), sizeof(uint64_t));
-  const size_t n = size_t(sizes[0]);
+  std::vector<uint8_t> slots(kSlot * size_t(world), 0);
+  if (rank == 0) {
+    const uint64_t n = msg.size();
+    std::memcpy(slots.data(), &n, kHead);
+    std::memcpy(slots.data() + kHead, msg.data(), std::min<size_t>(msg.size(), kInline));
+  }
+  host.all_gather(slots.data() + size_t(rank) * kSlot, slots.data(), kSlot);
+  uint64_t n = 0;
+  std::memcpy(&n, slots.data(), kHead);
   if (n == 0) throw WireError("tensor parallel: rank 0 sent an empty call");
-  std::vector<uint8_t> all(n * size_t(world), 0);
-  if (rank == 0) std::memcpy(all.data(), msg.data(), n);
-  host.all_gather(all.data() + size_t(rank) * n, all.data(), n);
-  all.resize(n);
-  return all;
+  if (n > (uint64_t(1) << 34)) throw WireError("tensor parallel: rank 0 sent a call of " + std::to_string(n) + " bytes");
+  std::vector<uint8_t> out(static_cast<size_t>(n));
+  std::memcpy(out.data(), slots.data() + kHead, std::min<size_t>(out.size(), kInline));
+  if (out.size() > kInline) {
+    const size_t rest = out.size() - kInline;
+    std::vector<uint8_t> all(rest * size_t(world), 0);
+    if (rank == 0) std::memcpy(all.data(), msg.data() + kInline, rest);
+    host.all_gather(all.data() + size_t(rank) * rest, all.data(), rest);
+    std::memcpy(out.data() + kInline, all.data(), rest);
+  }
+  return out;
 }
 
 }  // namespace tp_call

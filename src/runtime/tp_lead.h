@@ -54,7 +54,7 @@ class Reader {
 };
 
 // rank 0's msg to every rank of `host` (a collective: rank 0 passes its message, the others anything),
-// returned on every rank.
+// returned on every rank: one all-gather for a call of up to 1016 bytes, two for a longer one.
 std::vector<uint8_t> broadcast(Communicator& host, const std::vector<uint8_t>& msg);
 
 }  // namespace ingot::tp_call
