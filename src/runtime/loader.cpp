@@ -184,7 +184,7 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
       throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "
                   "weights' dtype only (not implemented for f32 over 16-bit weights yet); drop one of the two");
     if (device_ == "cuda") {
-      check_gpus_for_tensor_parallel(rt.tp);
+      check_gpus_for_tensor_parallel(rt.tp, dir_ ? ls_.engine_path : std::string());
       tp_ranks_are_processes(true);  // refuses INGOT_TP_PROCESSES=0 (threads) here, before any weight is read
     }
     tp_ = rt.tp;
@@ -206,8 +206,9 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
   return rt;
 }
 
-void check_gpus_for_tensor_parallel(int tp) {
-  const std::string flag = "--tp " + std::to_string(tp) + " --device cuda";
+void check_gpus_for_tensor_parallel(int tp, const std::string& engine_dir) {
+  const std::string flag = engine_dir.empty() ? "--tp " + std::to_string(tp) + " --device cuda"
+                                              : engine_dir + " (split over " + std::to_string(tp) + " ranks) --device cuda";
 #ifndef INGOT_WITH_CUDA
   throw Error(flag + ": this build of ingot has no CUDA backend (nvcc was not found at configure time); --device cpu runs it");
 #else
@@ -220,7 +221,9 @@ void check_gpus_for_tensor_parallel(int tp) {
   if (n < tp)
     throw Error(flag + " needs " + std::to_string(tp) + " GPUs (one process per GPU); this machine has " +
                 std::to_string(n) + (n == 0 ? " (no usable CUDA device or driver)" : "") +
-                "; give --tp " + (n >= 2 ? "at most " + std::to_string(n) : std::string("1")) + " or --device cpu");
+                (engine_dir.empty()
+                     ? "; give --tp " + (n >= 2 ? "at most " + std::to_string(n) : std::string("1")) + " or --device cpu"
+                     : "; run it with --device cpu, or build a directory for fewer ranks (`ingot build --tp N`)"));
 #endif
 }
 

@@ -51,8 +51,9 @@ std::string resolve_device(const std::string& device);
 std::unique_ptr<Backend> make_backend(const std::string& device, DType dtype, int threads,
                                       bool batch_invariant = false, int gpu = 0);
 // --tp N on the GPU, before anything is read or allocated: a build with CUDA and NCCL, and at least N
-// GPUs on this machine (one process per GPU). Error naming --tp, the GPUs needed and those there.
-void check_gpus_for_tensor_parallel(int tp);
+// GPUs on this machine (one process per GPU). Error naming --tp, the GPUs needed and those there; for
+// an engine directory (whose world size is its own, not a flag's) naming the directory instead.
+void check_gpus_for_tensor_parallel(int tp, const std::string& engine_dir = {});
 
 // What a load will be, decided from configs and headers only (no weight read yet).
 class LoadPlan {
