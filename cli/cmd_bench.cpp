@@ -323,9 +323,11 @@ void add_bench(CLI::App& app) {
       // With --tp the weight, cache and workspace figures (and the bytes per step built on them) are
       // rank 0's share.
       r["tp"] = rt.tp;
+      if (rt.tp > 1) r["tp_collectives"] = m.tp_comm();
       results.push_back(r);
       if (!a->json && rt.tp > 1)
-        std::printf("tp %d: the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp);
+        std::printf("tp %d (%s): the memory figures below are rank 0's share (docs/tensor-parallel.md)\n", rt.tp,
+                    m.tp_comm().c_str());
       // A sweep names each line's prompt length; a single length keeps the line as it always was.
       if (!a->json && prompt_lens.size() > 1) std::printf("prompt %6d  ", prompt_len);
       if (!a->json)

@@ -771,7 +771,11 @@ TEST(TensorParallelProcesses, BenchRunsSeveralModelsOverOneGroup) {
   ASSERT_TRUE(open != std::string::npos && close != std::string::npos && close > open) << out;
   const nlohmann::json runs = nlohmann::json::parse(out.substr(open, close - open + 1));
   ASSERT_EQ(runs.size(), 4u) << out;
-  for (const auto& r : runs) EXPECT_EQ(r.at("tp").get<int>(), 2) << r.dump();
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.at("tp").get<int>(), 2) << r.dump();
+    // What carried the collectives is part of the result (on the GPU: NCCL, or the peer-to-peer one-shot).
+    EXPECT_EQ(r.at("tp_collectives").get<std::string>(), "processes over local sockets (rank-order sums)") << r.dump();
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -31,6 +32,8 @@ class Communicator {
   // recv + rank * bytes (in place), as NCCL allows.
   virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void barrier() = 0;
+  // What carries the collectives, for logs and bench results ("nccl 2.28.9", ...).
+  virtual std::string describe() const = 0;
 };
 
 }  // namespace ingot

@@ -12,6 +12,7 @@ class InProcessGroup::Rank final : public Communicator {
   Rank(InProcessGroup& g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
   int world() const override { return g_.world_; }
+  std::string describe() const override { return "threads of one process (rank-order sums)"; }
 
   void all_reduce_sum(void* buf, int64_t count, DType dtype) override {
     check_reduce_dtype(dtype);

@@ -159,6 +159,14 @@ void NcclCommunicator::barrier() {
 
 void NcclCommunicator::abort() { impl_->failed = true; }
 
+std::string NcclCommunicator::describe() const {
+  const int v = version();
+  const std::string nccl =
+      "nccl " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+  if (!impl_->p2p) return nccl;
+  return "p2p one-shot up to " + std::to_string(impl_->p2p->max_bytes()) + " bytes, " + nccl + " above";
+}
+
 int NcclCommunicator::version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return 0;

@@ -56,6 +56,8 @@ class NcclCommunicator final : public Communicator {
   // Waits for this rank's stream, then meets the others on the host communicator (never inside a
   // graph capture).
   void barrier() override;
+  // "nccl 2.28.9", or with the peer-to-peer one-shot "p2p one-shot up to 262144 bytes, nccl 2.28.9 above".
+  std::string describe() const override;
   // Marks the communicator failed: the destructor then aborts instead of destroying.
   void abort();
   // NCCL's version as a number (e.g. 22809 for 2.28.9), for logs.

@@ -135,6 +135,7 @@ class ProcessGroup::Comm final : public Communicator {
   explicit Comm(ProcessGroup& g) : g_(g) {}
   int rank() const override { return g_.rank_; }
   int world() const override { return g_.world_; }
+  std::string describe() const override { return "processes over local sockets (rank-order sums)"; }
 
   void all_reduce_sum(void* buf, int64_t count, DType dtype) override {
     check_reduce_dtype(dtype);

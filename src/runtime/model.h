@@ -149,6 +149,8 @@ class Model {
   size_t workspace_bytes() const { return workspace_bytes_; }
   const MemoryPlan& plan() const { return plan_; }
   int tp_world() const { return spec_.tp.world; }
+  // What carries this model's collectives (Communicator::describe), empty without tensor parallelism.
+  std::string tp_comm() const { return comm_ ? comm_->describe() : std::string(); }
   // launch_forward shapes held as graphs (what the tests check was captured).
   size_t forward_graph_count() const { return forward_graphs_.size(); }
 
