@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "dist/in_process.h"
@@ -134,6 +136,60 @@ TEST(ProcessGroup, AKilledWorkerStopsEveryRankNamingIt) {
   EXPECT_TRUE(ends[0].clean) << ends[0].how;  // rank 1 saw the error and its test passed
   EXPECT_EQ(ends[1].how, "was killed by signal 9 (Killed)");
   for (pid_t p : pids) EXPECT_TRUE(::kill(p, 0) != 0 && errno == ESRCH) << "pid " << p << " is still there";
+}
+
+// The watch (for a rank blocked where the group cannot see, e.g. inside an NCCL kernel): rank 0, in no
+// collective, is told within moments that a worker was killed, naming it; an orderly close with the
+// watch on (unwatched first) tells nobody anything.
+TEST(ProcessGroup, TheWatchSeesAWorkerDieOutsideAnyCollective) {
+  auto g = ProcessGroup::start(options(3));
+  std::mutex mu;
+  std::vector<std::string> told;
+  g->watch([&](const std::string& why) {
+    std::lock_guard<std::mutex> l(mu);
+    told.push_back(why);
+  });
+  g->comm().barrier();
+  if (g->rank() == 2) ::raise(SIGKILL);
+  if (g->rank() == 1) {
+    // Rank 1 watches rank 0 only, which stays: nothing to tell; it leaves when rank 0 closes.
+    g->close(10s);
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_TRUE(told.empty()) << told.front();
+    return;
+  }
+  for (int i = 0; i < 250; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!told.empty()) break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_EQ(told.size(), 1u);
+    EXPECT_NE(told[0].find("rank 2 (pid"), std::string::npos) << told[0];
+    EXPECT_NE(told[0].find("ended while rank 0 was running"), std::string::npos) << told[0];
+  }
+  g->unwatch();
+  const auto ends = g->close(10s);
+  ASSERT_EQ(ends.size(), 2u);
+  EXPECT_TRUE(ends[0].clean) << ends[0].how;
+  EXPECT_EQ(ends[1].how, "was killed by signal 9 (Killed)");
+}
+
+TEST(ProcessGroup, TheWatchIsQuietThroughAnOrderlyClose) {
+  auto g = ProcessGroup::start(options(2));
+  std::atomic<int> told{0};
+  g->watch([&](const std::string&) { ++told; });
+  g->comm().barrier();
+  const auto ends = g->close(10s);  // unwatches first: the worker leaving is no news
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(told.load(), 0);
+  if (g->rank() == 0) {
+    ASSERT_EQ(ends.size(), 1u);
+    EXPECT_TRUE(ends[0].clean) << ends[0].how;
+  }
 }
 
 TEST(ProcessGroup, AWorkerThatExitsIsNamedWithItsCode) {

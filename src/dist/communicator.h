@@ -32,6 +32,10 @@ class Communicator {
   // recv + rank * bytes (in place), as NCCL allows.
   virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void barrier() = 0;
+  // Throws (GroupStopped) when the communicator was stopped behind the caller's back (a peer died
+  // while this rank waited on the device: nccl_communicator.h), so that results read back after such a
+  // wait are not taken for sums. The host groups fail inside the collective itself: nothing to check.
+  virtual void check_usable() const {}
   // What carries the collectives, for logs and bench results ("nccl 2.28.9", ...).
   virtual std::string describe() const = 0;
 };

@@ -7,12 +7,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "dist/in_process.h"  // GroupStopped
 #include "dist/p2p_all_reduce.h"
 
 namespace ingot {
@@ -53,6 +56,9 @@ struct NcclCommunicator::Impl {
   cudaStream_t stream = nullptr;
   int device = 0;
   bool failed = false;
+  std::atomic<bool> aborted{false};  // by abort_from_watch: comm is gone
+  mutable std::mutex why_mu;
+  std::string why;
   std::unique_ptr<P2pAllReduce> p2p;  // null: every sum through NCCL
   int uncaught_at_start = std::uncaught_exceptions();
 
@@ -69,7 +75,7 @@ struct NcclCommunicator::Impl {
 
   ~Impl() {
     p2p.reset();
-    if (!comm) return;
+    if (!comm || aborted) return;
     // Destroy flushes what is queued and may wait on the peers; after a failure, or while an exception
     // unwinds (a peer may have died), abort instead: it frees the local side without waiting.
     if (failed || std::uncaught_exceptions() > uncaught_at_start) ncclCommAbort(comm);
@@ -122,7 +128,23 @@ NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
 
 NcclCommunicator::~NcclCommunicator() = default;
 
+void NcclCommunicator::abort_from_watch(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> l(impl_->why_mu);
+    impl_->why = why;
+  }
+  if (impl_->p2p) impl_->p2p->abort();
+  if (!impl_->aborted.exchange(true) && impl_->comm) ncclCommAbort(impl_->comm);
+}
+
+void NcclCommunicator::check_usable() const {
+  if (!impl_->aborted) return;
+  std::lock_guard<std::mutex> l(impl_->why_mu);
+  throw GroupStopped(impl_->why + "; the group stopped");
+}
+
 void NcclCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
+  check_usable();
   const ncclDataType_t t = nccl_type(dtype);
   if (count < 0) throw Error("all_reduce_sum: negative count " + std::to_string(count));
   if (count == 0) return;
@@ -133,6 +155,7 @@ void NcclCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
+  check_usable();
   if (bytes == 0) return;
   // NCCL takes send == recv + rank * bytes as in place, the Communicator contract's in-place case.
   impl_->check(ncclAllGather(send, recv, bytes, ncclUint8, impl_->comm, impl_->stream), "ncclAllGather",
@@ -140,6 +163,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
 }
 
 void NcclCommunicator::barrier() {
+  check_usable();
   // What was queued on this rank finishes first, so that passing the barrier means the collectives
   // before it are done here; then the ranks meet on the host.
   if (cudaStreamSynchronize(impl_->stream) != cudaSuccess) {
@@ -151,6 +175,7 @@ void NcclCommunicator::barrier() {
              std::to_string(impl_->p2p->timed_out_on()) + ")";
     throw Error(msg);
   }
+  check_usable();  // a peer that died during the wait aborted NCCL: what finished is not a sum
   ncclResult_t async = ncclSuccess;
   impl_->check(ncclCommGetAsyncError(impl_->comm, &async), "ncclCommGetAsyncError", rank_text(rank_, world_));
   impl_->check(async, "a collective before the barrier", rank_text(rank_, world_));

@@ -60,6 +60,11 @@ class NcclCommunicator final : public Communicator {
   std::string describe() const override;
   // Marks the communicator failed: the destructor then aborts instead of destroying.
   void abort();
+  // From another thread (the process group's watch, RankProcess): a peer died; ncclCommAbort now,
+  // which ends a collective that waits for it, and every later call (and check_usable) throws
+  // GroupStopped with `why`.
+  void abort_from_watch(const std::string& why);
+  void check_usable() const override;
   // NCCL's version as a number (e.g. 22809 for 2.28.9), for logs.
   static int version();
 

@@ -135,9 +135,10 @@ std::unique_ptr<P2pAllReduce> P2pAllReduce::open(Communicator& host, Backend& ba
   cuda_check(cudaMalloc(&impl->local, impl->staging_bytes + flag_bytes), who, "cudaMalloc (staging)");
   cuda_check(cudaMalloc(reinterpret_cast<void**>(&impl->calls), cuda::kP2pBlocks * sizeof(uint32_t)), who,
              "cudaMalloc (calls)");
-  cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&impl->timed_out_host), sizeof(int), cudaHostAllocMapped), who,
+  // [0]: 1 + the rank a timed-out block waited for; [1]: set by abort() for the kernel to see.
+  cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&impl->timed_out_host), 2 * sizeof(int), cudaHostAllocMapped), who,
              "cudaHostAlloc");
-  *impl->timed_out_host = 0;
+  impl->timed_out_host[0] = impl->timed_out_host[1] = 0;
   cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->timed_out_dev), impl->timed_out_host, 0), who,
              "cudaHostGetDevicePointer");
   cuda_check(cudaMemset(impl->local, 0, impl->staging_bytes + flag_bytes), who, "cudaMemset");
@@ -186,6 +187,8 @@ void P2pAllReduce::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   p.timed_out = impl_->timed_out_dev;
   cuda::p2p_reduce_sum(p, dtype, impl_->stream);
 }
+
+void P2pAllReduce::abort() { reinterpret_cast<volatile int*>(impl_->timed_out_host)[1] = 1; }
 
 int P2pAllReduce::timed_out_on() const {
   const int v = *reinterpret_cast<volatile int*>(impl_->timed_out_host);

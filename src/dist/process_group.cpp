@@ -585,6 +585,7 @@ void ProcessGroup::worker_collective(Collective& c) {
 }
 
 std::vector<ProcessGroup::Ended> ProcessGroup::close(std::chrono::milliseconds timeout) {
+  unwatch();  // from here the peers leave on purpose
   if (closed_) return {};
   closed_ = true;
   std::vector<Ended> ended;
@@ -621,7 +622,63 @@ std::vector<ProcessGroup::Ended> ProcessGroup::close(std::chrono::milliseconds t
   return ended;
 }
 
+// The watcher's thread, its own copies of the peers' sockets (so a socket the group closes is never a
+// number reused under the poll) and the pipe that stops it.
+struct ProcessGroup::Watch {
+  std::vector<std::pair<int, proc::Fd>> peers;  // (rank, dup of its socket)
+  proc::Fd stop_read, stop_write;
+  std::thread thread;
+  ~Watch() {
+    if (stop_write) {
+      const char c = 0;
+      (void)!::write(stop_write.get(), &c, 1);
+    }
+    if (thread.joinable()) thread.join();
+  }
+};
+
+void ProcessGroup::watch(std::function<void(const std::string&)> on_lost) {
+  unwatch();
+  auto w = std::make_unique<Watch>();
+  for (size_t r = 0; r < peers_.size(); ++r)
+    if (peers_[r]) {
+      const int fd = ::fcntl(peers_[r].get(), F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) throw Error(std::string("tensor parallel: cannot watch the peers' sockets: ") + std::strerror(errno));
+      w->peers.emplace_back(int(r), proc::Fd(fd));
+    }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("tensor parallel: pipe: ") + std::strerror(errno));
+  w->stop_read = proc::Fd(p[0]);
+  w->stop_write = proc::Fd(p[1]);
+  std::vector<pid_t> pids = peer_pids_;
+  const int me = rank_;
+  Watch* raw = w.get();
+  w->thread = std::thread([raw, pids, me, on_lost = std::move(on_lost)] {
+    std::vector<pollfd> fds;
+    fds.push_back(pollfd{raw->stop_read.get(), POLLIN, 0});
+    // No events asked of the sockets: poll still reports their hang-up (the peer's end) and errors.
+    for (const auto& [r, fd] : raw->peers) fds.push_back(pollfd{fd.get(), 0, 0});
+    for (;;) {
+      const int n = ::poll(fds.data(), fds.size(), -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || fds[0].revents) return;
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+          const int r = raw->peers[i - 1].first;
+          on_lost("tensor parallel: rank " + std::to_string(r) + " (pid " +
+                  std::to_string(r < int(pids.size()) ? pids[size_t(r)] : 0) + ") ended while rank " +
+                  std::to_string(me) + " was running (its connection closed)");
+          return;
+        }
+    }
+  });
+  watch_ = std::move(w);
+}
+
+void ProcessGroup::unwatch() { watch_.reset(); }
+
 ProcessGroup::~ProcessGroup() {
+  unwatch();
   try {
     close(broken_.empty() ? 30s : 5s);
   } catch (...) {

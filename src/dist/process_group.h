@@ -85,6 +85,14 @@ class ProcessGroup {
   // for rank 0's word and returns nothing. Later collectives throw.
   std::vector<Ended> close(std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+  // For a rank that may block where the group cannot see (inside an NCCL collective on the GPU, whose
+  // kernel waits for a peer that died): calls on_lost(reason) once, from a thread of its own, when a
+  // peer's connection ends while the watch runs (rank 0 watches every worker, a worker rank 0), so the
+  // caller can abort what waits. It only polls the sockets for their end (no byte is read). Ended by
+  // unwatch(), which the orderly close() needs first (peers then leave on purpose), and by the destructor.
+  void watch(std::function<void(const std::string&)> on_lost);
+  void unwatch();
+
  private:
   class Comm;
   struct Collective;
@@ -118,6 +126,8 @@ class ProcessGroup {
   std::vector<std::vector<uint8_t>> scratch_;  // rank 0: [world] the workers' contributions
   std::vector<float> sum_, widened_;
   std::unique_ptr<Comm> comm_;
+  struct Watch;
+  std::unique_ptr<Watch> watch_;
 };
 
 }  // namespace ingot

@@ -419,6 +419,7 @@ std::vector<int32_t> Model::finish_launch_local() {
   auto [rb, n] = launched_.front();
   launched_.pop_front();
   const int32_t* p = static_cast<const int32_t*>(rb->wait());
+  if (comm_) comm_->check_usable();  // a peer died while this rank waited: these are no picks
   return std::vector<int32_t>(p, p + n);
 }
 
@@ -596,6 +597,7 @@ HostTensor Model::forward_local(const Batch& batch) {
       convert_to_f32(adt, raw.data(), out.as<float>() + at * s.vocab, size_t(n * s.vocab));
     }
   }
+  if (comm_) comm_->check_usable();  // a peer died while this rank waited: these are no sums
   return out;
 }
 

@@ -53,7 +53,13 @@ std::shared_ptr<RankProcess> RankProcess::start(const ProcessGroupOptions& optio
   p->group_ = ProcessGroup::start(options);
   if (backend.native_stream()) {
 #ifdef INGOT_WITH_NCCL
-    p->device_ = std::make_unique<NcclCommunicator>(p->group_->comm(), backend);
+    auto nccl = std::make_unique<NcclCommunicator>(p->group_->comm(), backend);
+    // A peer that dies while this rank waits inside an NCCL collective would leave its kernel waiting
+    // for ever: the group's watch sees the peer's socket close and aborts NCCL, which ends the wait
+    // with an error naming the rank.
+    NcclCommunicator* raw = nccl.get();
+    p->group_->watch([raw](const std::string& why) { raw->abort_from_watch(why); });
+    p->device_ = std::move(nccl);
 #else
     throw Error("tensor parallelism on the " + backend.name() + " backend needs NCCL, which this build does not have");
 #endif
@@ -71,9 +77,12 @@ std::shared_ptr<RankProcess> RankProcess::start(int world, Backend& backend) {
   return start(po, backend);
 }
 
-RankProcess::~RankProcess() = default;
+RankProcess::~RankProcess() {
+  if (group_) group_->unwatch();  // its callback reaches device_, which goes first
+}
 
 std::vector<ProcessGroup::Ended> RankProcess::close(std::chrono::milliseconds timeout) {
+  group_->unwatch();  // the peers leave on purpose from here
   device_.reset();
   return group_->close(timeout);
 }
