@@ -375,6 +375,7 @@ void ProcessGroup::accept_workers(int listen_fd, const std::string& token, std::
 }
 
 void ProcessGroup::join_as_worker(const std::string& spec, const ProcessGroupOptions& options) {
+  dies_with_rank0_ = true;  // rank 0 started it with PR_SET_PDEATHSIG (proc::Child)
   // "rank,world,token,socket path" (the path last: it may hold commas).
   const std::string what = std::string(kTpWorkerEnv) + "=" + spec;
   std::vector<std::string> f;
@@ -639,6 +640,9 @@ struct ProcessGroup::Watch {
 
 void ProcessGroup::watch(std::function<void(const std::string&)> on_lost) {
   unwatch();
+  // A worker rank 0 started is killed when rank 0 ends (PR_SET_PDEATHSIG): nothing of rank 0's to
+  // watch. (Rank 0 watches it, and a rank 0 that stops ends it.)
+  if (dies_with_rank0_) return;
   auto w = std::make_unique<Watch>();
   for (size_t r = 0; r < peers_.size(); ++r)
     if (peers_[r]) {

@@ -90,6 +90,8 @@ class ProcessGroup {
   // peer's connection ends while the watch runs (rank 0 watches every worker, a worker rank 0), so the
   // caller can abort what waits. It only polls the sockets for their end (no byte is read). Ended by
   // unwatch(), which the orderly close() needs first (peers then leave on purpose), and by the destructor.
+  // A worker that rank 0 started watches nothing: it is killed when rank 0 ends (PR_SET_PDEATHSIG),
+  // and so never sees rank 0's socket close at an orderly end while it still finishes its own work.
   void watch(std::function<void(const std::string&)> on_lost);
   void unwatch();
 
@@ -120,6 +122,7 @@ class ProcessGroup {
   uint64_t seq_ = 0;
   std::string broken_;  // why the group stopped; empty while usable
   bool closed_ = false;
+  bool dies_with_rank0_ = false;  // a worker rank 0 started (it dies with rank 0)
   std::vector<proc::Fd> peers_;        // rank 0: [world] the workers' sockets (0 empty); a worker: [1] rank 0's
   std::vector<pid_t> peer_pids_;       // [world] (rank 0: each worker's pid from the socket; a worker: [0] rank 0's)
   std::vector<proc::Child> children_;  // rank 0 that started its workers: [world] (0 empty)
