@@ -700,6 +700,9 @@ TEST(TensorParallelProcesses, EngineDirectoryLoadsOneRankFilePerProcess) {
 namespace ingot {
 namespace {
 
+// --tp 2 on the GPU without 2 GPUs (or without CUDA or NCCL in the build) is refused before any weight
+// (a model folder with no weights) naming what is missing, by generate and by serve and chat (which run
+// their ranks as processes led by rank 0, Model::lead_ranks), the latter before the tokenizer too.
 TEST(TensorParallelGpu, RefusedBeforeAnyWeightWithoutEnoughGpus) {
 #if defined(INGOT_WITH_CUDA) && defined(INGOT_WITH_NCCL)
   const int n = cuda_device_count();
@@ -707,39 +710,22 @@ TEST(TensorParallelGpu, RefusedBeforeAnyWeightWithoutEnoughGpus) {
 #endif
   test::TempDir dir;
   std::filesystem::copy_file(test::fixture("qwen3") + "/config.json", dir.file("config.json"));
-  int st = 0;
-  const std::string out = run_cli("", "generate --tp 2 --device cuda --model " + dir.str() + " --prompt-ids 1,2,3", &st);
-  EXPECT_NE(st, 0) << out;
-  EXPECT_NE(out.find("--tp 2 --device cuda"), std::string::npos) << out;
-#if !defined(INGOT_WITH_CUDA)
-  EXPECT_NE(out.find("this build of ingot has no CUDA backend"), std::string::npos) << out;
-#elif !defined(INGOT_WITH_NCCL)
-  EXPECT_NE(out.find("this build of ingot has no NCCL"), std::string::npos) << out;
-#else
-  EXPECT_NE(out.find("--tp 2 --device cuda needs 2 GPUs (one process per GPU); this machine has " + std::to_string(n)),
-            std::string::npos) << out;
-#endif
-  EXPECT_EQ(out.find("safetensors"), std::string::npos) << "the refusal came after the weights were looked for:\n" << out;
-  EXPECT_EQ(out.find("not implemented yet"), std::string::npos) << out;
-}
-
-// serve and chat run their ranks as processes on the GPU (rank 0 leads, Model::lead_ranks) and go
-// through generate's checks first: without the GPUs, refused naming them before anything is read.
-TEST(TensorParallelGpu, ServeAndChatCheckTheGpusFirst) {
-#if defined(INGOT_WITH_CUDA) && defined(INGOT_WITH_NCCL)
-  const int n = cuda_device_count();
-  if (n >= 2) GTEST_SKIP() << "this machine has " << n << " GPUs: tests/test_cuda_tp.cpp runs --tp 2 on them";
-#endif
-  test::TempDir dir;
-  std::filesystem::copy_file(test::fixture("qwen3") + "/config.json", dir.file("config.json"));
-  for (const char* cmd : {"serve", "chat"}) {
+  for (const std::string cmd : {"generate --prompt-ids 1,2,3", "serve", "chat"}) {
     int st = 0;
-    const std::string out =
-        run_cli("", std::string(cmd) + " --tp 2 --device cuda --model " + dir.str() + " < /dev/null", &st);
-    EXPECT_NE(st, 0) << out;
+    const std::string out = run_cli("", cmd + " --tp 2 --device cuda --model " + dir.str() + " < /dev/null", &st);
+    EXPECT_NE(st, 0) << cmd << ": " << out;
     EXPECT_NE(out.find("--tp 2 --device cuda"), std::string::npos) << cmd << ": " << out;
-    EXPECT_EQ(out.find("tokenizer"), std::string::npos) << cmd << ": the refusal came after the tokenizer:\n" << out;
+#if !defined(INGOT_WITH_CUDA)
+    EXPECT_NE(out.find("this build of ingot has no CUDA backend"), std::string::npos) << cmd << ": " << out;
+#elif !defined(INGOT_WITH_NCCL)
+    EXPECT_NE(out.find("this build of ingot has no NCCL"), std::string::npos) << cmd << ": " << out;
+#else
+    EXPECT_NE(out.find("--tp 2 --device cuda needs 2 GPUs (one process per GPU); this machine has " + std::to_string(n)),
+              std::string::npos) << cmd << ": " << out;
+#endif
     EXPECT_EQ(out.find("safetensors"), std::string::npos) << cmd << ": the refusal came after the weights:\n" << out;
+    EXPECT_EQ(out.find("tokenizer"), std::string::npos) << cmd << ": the refusal came after the tokenizer:\n" << out;
+    EXPECT_EQ(out.find("not implemented yet"), std::string::npos) << cmd << ": " << out;
   }
 }
 

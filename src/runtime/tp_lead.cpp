@@ -150,25 +150,19 @@ SamplingParams Reader::sampling() {
   return p;
 }
 
-std::vector<int32_t> Reader::ints() {
+template <typename T>
+std::vector<T> Reader::values() {
   uint64_t n = 0;
   take(&n, sizeof n);
-  if (n > (msg_.size() - at_) / sizeof(int32_t))
+  if (n > (msg_.size() - at_) / sizeof(T))
     throw WireError("tensor parallel: rank 0's message claims " + std::to_string(n) + " values past its end");
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  take(v.data(), v.size() * sizeof(int32_t));
+  std::vector<T> v(static_cast<size_t>(n));
+  take(v.data(), v.size() * sizeof(T));
   return v;
 }
 
-std::vector<int64_t> Reader::longs() {
-  uint64_t n = 0;
-  take(&n, sizeof n);
-  if (n > (msg_.size() - at_) / sizeof(int64_t))
-    throw WireError("tensor parallel: rank 0's message claims " + std::to_string(n) + " values past its end");
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  take(v.data(), v.size() * sizeof(int64_t));
-  return v;
-}
+std::vector<int32_t> Reader::ints() { return values<int32_t>(); }
+std::vector<int64_t> Reader::longs() { return values<int64_t>(); }
 
 Batch Reader::batch() {
   uint64_t n = 0;

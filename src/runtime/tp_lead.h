@@ -49,6 +49,8 @@ class Reader {
 
  private:
   void take(void* out, size_t n);
+  template <typename T>
+  std::vector<T> values();  // a count, then that many values
   const std::vector<uint8_t>& msg_;
   size_t at_ = 0;
 };
