@@ -99,18 +99,18 @@ void add_build(CLI::App& app) {
     if (a->quantize_lm_head && !bo.int4_group_size) throw Error("--quantize-lm-head needs --quantize int4");
     bo.quantize_lm_head = a->quantize_lm_head;
     if (bo.int4_group_size) plan_int4(weight_table(spec), *bo.int4_group_size, "--group-size", bo.quantize_lm_head);
+    // A published INT4 folder: its quantization_config checked now, before the output is touched.
+    const std::optional<PublishedQuant> published =
+        a->config.empty() ? read_published_quant(a->model_dir) : std::nullopt;
+    if (published && bo.int4_group_size)
+      throw Error("--quantize: " + a->model_dir + " is already quantized (config.json has a quantization_config); "
+                  "build it without --quantize");
     // INT4 over ranks: every column cut must fall between whole groups, and act-order weights are refused
     // (the loader's rule for --tp), before anything is read.
     if (a->tp != 1) {
-      std::optional<QuantConfig> q;
-      if (bo.int4_group_size) {
-        q.emplace().group_size = *bo.int4_group_size;
-      } else if (!a->model_dir.empty()) {
-        if (const std::optional<PublishedQuant> p = read_published_quant(a->model_dir)) {
-          q.emplace().group_size = int4_runtime_group(p->group_size, int4_quantizable_cols(weight_table(spec)));
-          q->act_order = p->act_order;
-        }
-      }
+      const std::optional<QuantConfig> q =
+          int4_split_config(spec, bo.int4_group_size, published ? std::optional<int64_t>(published->group_size) : std::nullopt,
+                            published && published->act_order);
       if (q) check_int4_split(spec, *q, a->tp, "build --tp");
     }
     // The calibration tokens, read and checked against the vocabulary before the output is touched.
@@ -120,10 +120,6 @@ void add_build(CLI::App& app) {
         throw Error(std::string(a->calibration.empty() ? "--calibration-ids" : "--calibration") + " needs --quantize int4");
       calibration = read_calibration(a->calibration, a->calibration_ids, a->model_dir, spec.vocab);
     }
-    // A published INT4 folder: its quantization_config checked now, before the output is touched.
-    if (a->config.empty() && read_published_quant(a->model_dir) && bo.int4_group_size)
-      throw Error("--quantize: " + a->model_dir + " is already quantized (config.json has a quantization_config); "
-                  "build it without --quantize");
     info.bounds.max_batch = a->max_batch;
     info.bounds.capacity = a->capacity ? a->capacity : default_capacity(spec);
     info.bounds.layout = parse_layout(a->layout);

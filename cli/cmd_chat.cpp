@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "common.h"
-#include "dist/in_process.h"  // GroupStopped
 #include "core/error.h"
+#include "dist/in_process.h"  // GroupStopped
 #include "text_generation.h"
 
 namespace ingot::cli {

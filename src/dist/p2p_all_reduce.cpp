@@ -57,8 +57,8 @@ struct P2pAllReduce::Impl {
   size_t max_bytes = 0, slot_bytes = 0, staging_bytes = 0;
   void* local = nullptr;      // exported: [2, world, slot_bytes] staging, then [kP2pBlocks, world] uint32 flags
   uint32_t* calls = nullptr;  // [kP2pBlocks] not exported
-  int* timed_out_host = nullptr;
-  int* timed_out_dev = nullptr;
+  int* host_words = nullptr;      // host-mapped [2]: a timeout's rank, abort() (p2p_reduce.h)
+  int* host_words_dev = nullptr;  // the same, as the kernel addresses it
   std::vector<void*> opened;  // [world] the peers' exports as mapped here (null at this rank)
 
   ~Impl() {
@@ -69,7 +69,7 @@ struct P2pAllReduce::Impl {
       if (p) cudaIpcCloseMemHandle(p);
     if (local) cudaFree(local);
     if (calls) cudaFree(calls);
-    if (timed_out_host) cudaFreeHost(timed_out_host);
+    if (host_words) cudaFreeHost(host_words);
     cudaGetLastError();  // a failure above is not the next CUDA call's
   }
 
@@ -136,10 +136,10 @@ std::unique_ptr<P2pAllReduce> P2pAllReduce::open(Communicator& host, Backend& ba
   cuda_check(cudaMalloc(reinterpret_cast<void**>(&impl->calls), cuda::kP2pBlocks * sizeof(uint32_t)), who,
              "cudaMalloc (calls)");
   // [0]: 1 + the rank a timed-out block waited for; [1]: set by abort() for the kernel to see.
-  cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&impl->timed_out_host), 2 * sizeof(int), cudaHostAllocMapped), who,
+  cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&impl->host_words), 2 * sizeof(int), cudaHostAllocMapped), who,
              "cudaHostAlloc");
-  impl->timed_out_host[0] = impl->timed_out_host[1] = 0;
-  cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->timed_out_dev), impl->timed_out_host, 0), who,
+  impl->host_words[0] = impl->host_words[1] = 0;
+  cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl->host_words_dev), impl->host_words, 0), who,
              "cudaHostGetDevicePointer");
   cuda_check(cudaMemset(impl->local, 0, impl->staging_bytes + flag_bytes), who, "cudaMemset");
   cuda_check(cudaMemset(impl->calls, 0, cuda::kP2pBlocks * sizeof(uint32_t)), who, "cudaMemset");
@@ -184,14 +184,14 @@ void P2pAllReduce::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   p.calls = impl_->calls;
   p.slot_bytes = int64_t(impl_->slot_bytes);
   p.timeout_ns = impl_->timeout_ns;
-  p.timed_out = impl_->timed_out_dev;
+  p.host_words = impl_->host_words_dev;
   cuda::p2p_reduce_sum(p, dtype, impl_->stream);
 }
 
-void P2pAllReduce::abort() { reinterpret_cast<volatile int*>(impl_->timed_out_host)[1] = 1; }
+void P2pAllReduce::abort() { reinterpret_cast<volatile int*>(impl_->host_words)[1] = 1; }
 
 int P2pAllReduce::timed_out_on() const {
-  const int v = *reinterpret_cast<volatile int*>(impl_->timed_out_host);
+  const int v = *reinterpret_cast<volatile int*>(impl_->host_words);
   return v > 0 ? v - 1 : -1;
 }
 

@@ -87,8 +87,8 @@ class ProcessGroup {
 
   // For a rank that may block where the group cannot see (inside an NCCL collective on the GPU, whose
   // kernel waits for a peer that died): calls on_lost(reason) once, from a thread of its own, when a
-  // peer's connection ends while the watch runs (rank 0 watches every worker, a worker rank 0), so the
-  // caller can abort what waits. It only polls the sockets for their end (no byte is read). Ended by
+  // peer's connection ends while the watch runs (rank 0 watches every worker, an mpirun worker rank 0),
+  // so the caller can abort what waits. It only polls the sockets for their end (no byte is read). Ended by
   // unwatch(), which the orderly close() needs first (peers then leave on purpose), and by the destructor.
   // A worker that rank 0 started watches nothing: it is killed when rank 0 ends (PR_SET_PDEATHSIG),
   // and so never sees rank 0's socket close at an orderly end while it still finishes its own work.

@@ -167,19 +167,11 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
   if (rt.tp != 1) {
     const std::string flag = "--tp " + std::to_string(rt.tp);
     check_tensor_parallel(model_spec_, rt.tp);
-    const bool int4 = ls_.int4_group_size || published_group_ || (file_ && file_->quant);
-    if (int4) {  // the INT4 column cuts (whole groups, no act-order), before any weight is read
-      QuantConfig q;
-      if (file_ && file_->quant) {
-        q = *file_->quant;
-      } else if (published_group_) {
-        q.group_size = int4_runtime_group(*published_group_, int4_quantizable_cols(weight_table(model_spec_)));
-        q.act_order = published_act_order_;
-      } else {
-        q.group_size = *ls_.int4_group_size;
-      }
-      check_int4_split(model_spec_, q, rt.tp);
-    }
+    // The INT4 column cuts (whole groups, no act-order), before any weight is read.
+    const std::optional<QuantConfig> q =
+        file_ && file_->quant ? file_->quant
+                              : int4_split_config(model_spec_, ls_.int4_group_size, published_group_, published_act_order_);
+    if (q) check_int4_split(model_spec_, *q, rt.tp);
     if (activation_dtype_ != dtype_ && device_ == "cuda")
       throw Error(flag + " --activations " + ls_.activations + ": the ranks' GPU processes run activations in the "
                   "weights' dtype only (not implemented for f32 over 16-bit weights yet); drop one of the two");
@@ -196,7 +188,7 @@ RuntimeOptions LoadPlan::fit(RuntimeOptions rt, bool layout_given) const {
     // INT4 from a folder or random weights: each rank process builds the whole INT4 engine (quantized
     // or converted as one process would) and keeps its share (shard_engine), since a share cannot be
     // quantized or converted alone; the whole INT4 model is a quarter of its 16-bit size.
-    whole_int4_ = int4 && own_slice && !dir_;
+    whole_int4_ = q.has_value() && own_slice && !dir_;
   }
   if (file_) rt = fit_engine_bounds(*file_, rt, layout_given);
   // With ranks as processes the host holds this rank's slice (rank_spec), not the whole model (except

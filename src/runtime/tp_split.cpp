@@ -251,6 +251,19 @@ Engine shard_engine(const Engine& engine, int world, int rank) {
   return out;
 }
 
+std::optional<QuantConfig> int4_split_config(const ModelSpec& whole, std::optional<int64_t> group_size,
+                                             std::optional<int64_t> published_group, bool act_order) {
+  if (!published_group && !group_size) return std::nullopt;
+  QuantConfig q;
+  if (published_group) {
+    q.group_size = int4_runtime_group(*published_group, int4_quantizable_cols(find_family(whole.family).weights(whole)));
+    q.act_order = act_order;
+  } else {
+    q.group_size = *group_size;
+  }
+  return q;
+}
+
 void check_int4_split(const ModelSpec& f, const QuantConfig& q, int world, const std::string& flag) {
   if (world == 1) return;
   check_tensor_parallel(f, world, flag);

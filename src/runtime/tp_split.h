@@ -5,6 +5,7 @@
 // by the vocabulary, padded to a multiple of the group size; norms and the embedding are replicated.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "io/engine.h"
@@ -37,6 +38,11 @@ Engine shard_engine(const Engine& engine, int world, int rank);
 // any weight is read or quantized. q.tensors empty: every weight an engine may hold as INT4
 // (int4_allowed); the LM head is cut by rows and never refused.
 void check_int4_split(const ModelSpec& whole, const QuantConfig& q, int world, const std::string& flag = "--tp");
+// The quantization check_int4_split checks, known before any weight is read: a published checkpoint's
+// groups (published_group) as the runtime re-expresses them (int4_runtime_group) with its act-order
+// flag, else a build's own --group-size (group_size); nullopt when neither is given (no INT4).
+std::optional<QuantConfig> int4_split_config(const ModelSpec& whole, std::optional<int64_t> group_size,
+                                             std::optional<int64_t> published_group, bool act_order);
 
 // What a rank's streaming build held at most: the bytes of the slice made so far plus the one whole
 // weight being sliced (the tests check it stays about total/world plus the largest weight).

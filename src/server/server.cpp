@@ -66,11 +66,16 @@ struct Server::Impl {
                   std::lock_guard<std::mutex> l(fatal_mu);
                   fatal = why;
                 }
-                sched.close();
-                http.stop();
+                stop();
               }),
         completions(m, sched, o) {
     routes();
+  }
+
+  // Requests first, so every waiting handler gets its answer; then the listener.
+  void stop() {
+    sched.close();
+    http.stop();
   }
 
   // Runs a handler; whatever it throws becomes the error answer.
@@ -227,11 +232,7 @@ void Server::run() {
   impl_->http.listen_after_bind();
 }
 
-void Server::stop() {
-  // Requests first, so every waiting handler gets its answer; then the listener.
-  impl_->sched.close();
-  impl_->http.stop();
-}
+void Server::stop() { impl_->stop(); }
 
 bool Server::running() const { return impl_->http.is_running(); }
 

@@ -78,14 +78,14 @@ __global__ void __launch_bounds__(kThreads) p2p_reduce_kernel(const P2pReducePar
     while (!reached(load_acquire_sys(f), call)) {
       const uint64_t now = global_ns();
       // The host's word that a peer is dead, read once a millisecond (it is across PCIe).
-      if (p.timed_out && now - looked > 1000000) {
+      if (p.host_words && now - looked > 1000000) {
         looked = now;
-        if (reinterpret_cast<volatile const int*>(p.timed_out)[1]) __trap();
+        if (reinterpret_cast<volatile const int*>(p.host_words)[1]) __trap();
       }
       if (p.timeout_ns && now - start > p.timeout_ns) {
         // A peer alive but not calling (or gone without its process group noticing): stop with an
         // error the host can name instead of hanging the stream.
-        if (p.timed_out) *reinterpret_cast<volatile int*>(p.timed_out) = 1 + int(threadIdx.x);
+        if (p.host_words) *reinterpret_cast<volatile int*>(p.host_words) = 1 + int(threadIdx.x);
         __threadfence_system();
         __trap();
       }

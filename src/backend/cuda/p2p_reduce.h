@@ -37,8 +37,8 @@ struct P2pReduceParams {
   uint32_t* calls = nullptr;  // [kP2pBlocks] this rank's call count per block (device memory, zero at start)
   int64_t slot_bytes = 0;     // bytes of one rank's place in a slot (a multiple of 16)
   uint64_t timeout_ns = 0;    // a block that waits longer for a peer stops the kernel (trap), 0: never
-  int* timed_out = nullptr;   // host-mapped [2]: [0] 1 + the rank waited for, written before the trap;
-                              // [1] nonzero: the host knows a peer is dead, stop waiting (trap)
+  int* host_words = nullptr;  // host-mapped [2]: [0] 1 + the rank waited for, written before a timeout's
+                              // trap; [1] nonzero: the host knows a peer is dead, stop waiting (trap)
 };
 
 // Queues the all-reduce on s (f32, f16, bf16); throws Error naming the problem for a dtype, size or
