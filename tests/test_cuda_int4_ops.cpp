@@ -28,11 +28,6 @@ namespace {
 
 using namespace test;
 
-// The INT4 GEMM for 9..64 tokens on weights in 8-row blocks (int4_gemm_kernel.cuh) is off by default
-// until measured on a GPU (int4_linear.cu, gemm_suits); these tests check it against the CPU, so they
-// turn it on before the first product reads the knob. Shapes in rows keep the per-warp kernel.
-[[maybe_unused]] const bool kGemmOn = [] { return setenv("INGOT_CUDA_INT4_GEMM", "1", 1) == 0; }();
-
 // INT4 linear against the CPU reference on the same packed bytes, scales, zeros and perm, for every
 // group size, both paths (the decode kernels up to 64 rows of 16-bit activations and 16 of f32,
 // dequantize + cuBLASLt beyond, and always with a perm), with and without zero points, act-order and
@@ -67,15 +62,16 @@ TEST_P(CudaOps, Int4Linear) {
 // the widest products (two 16-row tiles a warp at 9..16 and 33..64 tokens; N = 8200 ends on a
 // half tile, 8216 on a tile of the warp's pair past N). N = 4100 at 1 and 3 tokens takes the
 // one-token split of 4 warps with four loads, K = 5120 giving it two unchecked steps and a checked half
-// step. Shapes of 8-row blocks at 9..64 tokens take the GEMM (int4_gemm_kernel.cuh), whose split of K
-// over a cluster follows the block count: on a GPU of 132 multiprocessors N = 17408 runs unsplit,
-// 9216 over two blocks, 8200 and the small ones over four; K = 640 (5 quads over 4) leaves the last
-// rank without a quad.
+// step. Wide shapes (N >= 4K) of 8-row blocks at 9..64 tokens take the GEMM (int4_gemm_kernel.cuh),
+// whose split of K over a cluster at 9..32 tokens follows the block count: on a GPU of 132
+// multiprocessors N = 17408 runs unsplit, 9216 over two blocks, 8200 and 2560 over four, where K = 640
+// (5 quads over 4) leaves the last rank without a quad; at 33..64 tokens (40 and 64 here) it runs
+// unsplit with two tiles a warp, N = 8216 ending on a tile of the warp's pair past N.
 TEST_P(CudaOps, Int4LinearLongRows) {
   for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
                          {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}, {12, 8200, 1024}, {30, 8200, 1024},
                          {40, 8216, 1024}, {64, 8200, 1024}, {1, 4100, 5120},
-                         {3, 4100, 5120}, {16, 17408, 256}, {40, 9216, 512}, {20, 48, 640}}) {
+                         {3, 4100, 5120}, {16, 17408, 256}, {40, 9216, 512}, {20, 2560, 640}}) {
     const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
@@ -140,8 +136,9 @@ TEST_P(CudaOps, Int4SwigluIsTheProductThenSwiglu) {
       void *fused = g.put(std::vector<float>(size_t(T * I), 7.0f)), *gu = g.put(std::vector<float>(size_t(T * 2 * I)));
       void* split = g.put(std::vector<float>(size_t(T * I), 5.0f));
       const bool took = gpu_be_->linear_swiglu(gx, wm, g.m(fused, T, I));
-      // 9+ tokens on weights in 8-row blocks take the GEMM, whose fused tile needs I a multiple of 8.
-      const bool gemm_declines = T > 8 && I % 8 != 0 && wm.int4.layout == Int4Layout::Blocks8;
+      // 9+ tokens on wide weights (2I >= 4K) in 8-row blocks take the GEMM, whose fused tile needs I a
+      // multiple of 8.
+      const bool gemm_declines = T > 8 && 2 * I >= 4 * K && I % 8 != 0 && wm.int4.layout == Int4Layout::Blocks8;
       EXPECT_EQ(took, dt_ != DType::F32 && T <= 64 && !gemm_declines) << "T=" << T;
       gpu_be_->linear(gx, wm, nullptr, g.m(gu, T, 2 * I));
       gpu_be_->swiglu(g.m(gu, T, 2 * I), g.m(split, T, I));
@@ -246,10 +243,11 @@ TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
   Int4Weight w = random_int4(rng_, N, K, 32, false, false, dt_);
   Side& g = *gpu_;
   void *gx = g.put(rnd(size_t(T * K))), *gy = g.put(std::vector<float>(size_t(T * N)));
-  // The decode kernel reads the packed bytes (up to 16 rows with no scratch; 16-bit x past that: x in
-  // fragment order, [ceil(K / 128) x 128 columns, 64 rows] of 16 bits at 64 rows); a perm always
-  // takes the dequantized weight.
-  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, false), 0u);
+  // The decode kernel reads the packed bytes (up to 8 rows with no scratch; 16-bit x past that: x in
+  // fragment order for the GEMM or the kernel, [ceil(K / 128) x 128 columns, rows in blocks of 8] of
+  // 16 bits); a perm always takes the dequantized weight.
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 8, false), 0u);
+  EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, false), dt_ == DType::F32 ? 0u : 128u * 16u * 2u);
   EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, rows, false), dt_ == DType::F32 ? 0u : 128u * 64u * 2u);
   EXPECT_EQ(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 16, true), size_t(N * K) * dtype_size(dt_));
   // More rows than the decode kernels take, without the scratch a Model reserves.

@@ -253,6 +253,23 @@ TEST_P(CudaOps, SwigluGatherFeedArgmax) {
   cpu_be_->argmax(c.m(c.put(odd), NR, BV), cn);
   EXPECT_EQ(g.get_i32(gn, size_t(NR)), c.get_i32(cn, size_t(NR)));
   EXPECT_EQ(g.get_i32(gn, size_t(NR)), (std::vector<int32_t>{-1, -1, -1, -1, 77777, 3}));
+
+  // The argmax split over ranks (tensor parallelism): the rows cut into 2 and 4 parts (the last one
+  // short; big's tie 5000 / 90000 across the cut at 2), each part's ArgmaxPart, merged on the device,
+  // give the argmax of the whole rows.
+  void *godd = g.put(odd), *gbig = g.put(big);
+  const size_t es = dtype_size(dt_);
+  for (int world : {2, 4})
+    for (auto [src, rows, want] : {std::tuple{godd, NR, g.get_i32(gn, size_t(NR))}, std::tuple{gbig, int64_t(2), g.get_i32(gb, 2)}}) {
+      const int64_t per = (BV + world - 1) / world;
+      auto* parts = reinterpret_cast<ArgmaxPart*>(g.put_i32(std::vector<int32_t>(size_t(2 * world * rows))));
+      for (int w = 0; w < world; ++w)
+        gpu_be_->argmax_part(Mat{static_cast<uint8_t*>(src) + size_t(w * per) * es, dt_, rows, std::min(per, BV - w * per), BV},
+                             w * per, parts + w * rows);
+      int32_t* merged = g.put_i32(std::vector<int32_t>(size_t(rows), 77));
+      gpu_be_->argmax_merge(parts, rows, world, merged);
+      EXPECT_EQ(g.get_i32(merged, size_t(rows)), want) << "world " << world;
+    }
 }
 
 TEST_P(CudaOps, RopeCacheWrite) {

@@ -269,6 +269,58 @@ TEST(Sampler, RowsWithoutAPickGiveNoToken) {
   EXPECT_EQ(sampling::argmax_row(lowest.data(), 3), 1);
 }
 
+// The argmax split over ranks (tensor parallelism): each rank's ArgmaxPart of its columns, merged in
+// rank order, is the argmax of the whole row, for every way of cutting it into 1..4 parts: ties
+// across a cut (the lower index wins), a NaN or +inf in any part, parts with no finite logit.
+TEST(CpuArgmaxPart, MergedPartsAreTheArgmaxOfTheRow) {
+  auto be = make_cpu_backend(1);
+  const int64_t V = 7;
+  const std::vector<std::vector<float>> rows = {
+      {0.1f, 3.0f, -1.0f, 3.0f, 2.0f, 3.0f, 0.0f},
+      {-INFINITY, -INFINITY, -INFINITY, 2.0f, -INFINITY, -INFINITY, 2.0f},
+      {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, NAN},
+      {9.0f, INFINITY, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
+      std::vector<float>(7, -INFINITY),
+      {-3.4028235e38f, -INFINITY, -3.4028235e38f, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
+      {0.0f, -0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
+      {-5.0f, -4.0f, -3.0f, -2.0f, -1.0f, -0.5f, -0.25f}};
+  const int64_t R = int64_t(rows.size());
+  std::vector<float> all;
+  for (const auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+  std::vector<int32_t> want(static_cast<size_t>(R));
+  be->argmax(mat(all.data(), DType::F32, R, V), want.data());
+  EXPECT_EQ(want, (std::vector<int32_t>{1, 3, -1, -1, -1, 0, 0, 6}));
+  int cuts = 0;
+  for (int world = 1; world <= 4; ++world) {
+    // Every way of cutting [0, V) into `world` non-empty ranges, as bits of the cut positions.
+    for (uint32_t mask = 0; mask < (1u << (V - 1)); ++mask) {
+      if (__builtin_popcount(mask) != world - 1) continue;
+      std::vector<int64_t> from = {0};
+      for (int64_t j = 1; j < V; ++j)
+        if (mask & (1u << (j - 1))) from.push_back(j);
+      from.push_back(V);
+      std::vector<ArgmaxPart> parts(size_t(world * R));
+      for (int w = 0; w < world; ++w)
+        be->argmax_part(Mat{all.data() + from[size_t(w)], DType::F32, R, from[size_t(w) + 1] - from[size_t(w)], V},
+                        from[size_t(w)], parts.data() + w * R);
+      std::vector<int32_t> got(size_t(R), 77);
+      be->argmax_merge(parts.data(), R, world, got.data());
+      EXPECT_EQ(got, want) << "world " << world << " cuts " << mask;
+      ++cuts;
+    }
+  }
+  EXPECT_EQ(cuts, 1 + 6 + 15 + 20);
+  // The parts say which case they are: a poisoned part, a part without a finite logit.
+  ArgmaxPart p;
+  be->argmax_part(Mat{all.data() + 2 * V + 4, DType::F32, 1, 3, V}, 4, &p);
+  EXPECT_EQ(p.index, kPartPoisoned);
+  be->argmax_part(Mat{all.data() + V, DType::F32, 1, 3, V}, 0, &p);
+  EXPECT_EQ(p.index, kPartNoFinite);
+  be->argmax_part(Mat{all.data() + V + 3, DType::F32, 1, 4, V}, 3, &p);
+  EXPECT_EQ(p.index, 3);
+  EXPECT_EQ(p.value, 2.0f);
+}
+
 TEST(CpuSampleOp, StateRowsSeenMarksAndDrawCounters) {
   auto be = make_cpu_backend(2);
   const int64_t V = 300, R = 3;

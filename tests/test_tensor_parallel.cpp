@@ -532,6 +532,51 @@ TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
   EXPECT_EQ(greedy(one, {5, 6, 7}, 6), greedy(tp, {5, 6, 7}, 6));
 }
 
+// Greedy steps of a split model pick from each rank's share of the vocabulary without gathering the
+// logits; decode_logprobs gathers them afterwards, from the head's input the step left: the same
+// log-probabilities as one rank's (f32 tolerance), after a decode step and after a launch_forward, and a
+// sampled step in between (which gathers its logits) changes nothing.
+TEST(TensorParallelModel, LogprobsAfterASplitPickMatchOneRank) {
+  Engine eng = build_engine(test::fixture("llama3"));
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 32;
+  auto be1 = make_cpu_backend(), be = make_cpu_backend();
+  Model one(eng, *be1, rt);
+  rt.tp = 2;
+  Model tp(eng, *be, rt);
+  auto expect_same = [&](const std::string& what) {
+    const Model::StepLogprobs a = one.decode_logprobs(4), b = tp.decode_logprobs(4);
+    ASSERT_EQ(a.chosen.size(), b.chosen.size()) << what;
+    EXPECT_EQ(a.top_ids, b.top_ids) << what;
+    for (size_t i = 0; i < a.chosen.size(); ++i) EXPECT_NEAR(a.chosen[i], b.chosen[i], 1e-4f) << what;
+    for (size_t i = 0; i < a.top.size(); ++i) EXPECT_NEAR(a.top[i], b.top[i], 1e-4f) << what;
+  };
+  Batch prompt;
+  prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
+  prompt.rows.push_back(BatchRow{1, {9, 8, 7}, 0, {}, false});
+  one.launch_forward(prompt);
+  tp.launch_forward(prompt);
+  std::vector<int32_t> t1 = one.finish_launch(), t2 = tp.finish_launch();
+  ASSERT_EQ(t1, t2);
+  expect_same("launch_forward");
+  std::vector<int64_t> at = {5, 3};
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2) {
+      SamplingParams sp;
+      sp.temperature = 0.9f;
+      sp.seed = 5;
+      one.set_sampling(1, sp);
+      tp.set_sampling(1, sp);
+    }
+    t1 = one.decode({0, 1}, t1, at);
+    t2 = tp.decode({0, 1}, t2, at);
+    ASSERT_EQ(t1, t2) << "step " << step;
+    if (step != 1) expect_same("decode step " + std::to_string(step));  // step 1: logits left ungathered
+    for (int64_t& i : at) ++i;
+  }
+}
+
 // A bad call is refused on every rank before any collective, and the group keeps working.
 TEST(TensorParallelModel, BadCallIsRefusedAndTheGroupRecovers) {
   Engine eng = build_engine(test::fixture("qwen3"));

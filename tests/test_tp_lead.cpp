@@ -71,6 +71,14 @@ TEST(TpLeadWire, CallsReadBackAsWritten) {
     EXPECT_TRUE(r.ints().empty());
     EXPECT_NO_THROW(r.end());
   }
+  {
+    const std::vector<uint8_t> msg = tp_call::decode_logprobs(5);
+    tp_call::Reader r(msg);
+    r.leader_failed();
+    EXPECT_EQ(r.call(), Call::DecodeLogprobs);
+    EXPECT_EQ(r.i32(), 5);
+    EXPECT_NO_THROW(r.end());
+  }
 }
 
 TEST(TpLeadWire, RefusesMessagesCutShortOrTooLong) {
@@ -157,6 +165,17 @@ TEST(TpLeadProcesses, Rank0LeadsAndTheOtherFollows) {
         for (int32_t& t : tm) t = t < 0 ? 0 : t;
         for (int32_t& t : ts) t = t < 0 ? 0 : t;
         for (int64_t& i : at) ++i;
+      }
+      // A greedy step picks from each rank's share of the vocabulary (no logits gathered); its
+      // log-probabilities gather them, on both ranks, to what one rank gives.
+      {
+        const std::vector<int32_t> pm = m.decode({0}, {tm[0]}, {at[0]}), ps = solo.decode({0}, {ts[0]}, {at[0]});
+        EXPECT_EQ(pm, ps);
+        const Model::StepLogprobs lm = m.decode_logprobs(3), ls = solo.decode_logprobs(3);
+        EXPECT_EQ(lm.top_ids, ls.top_ids);
+        ASSERT_EQ(lm.chosen.size(), 1u);
+        EXPECT_NEAR(lm.chosen[0], ls.chosen[0], 1e-4f);
+        ++at[0];
       }
       // A call longer than the broadcast's first slot (tp_lead.h: 1016 bytes): a 200-token prompt with
       // explicit positions, in a row of its own.

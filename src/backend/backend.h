@@ -198,6 +198,16 @@ struct SampleState {
   int64_t counts_ld = 0;
 };
 
+// One rank's share of a greedy pick over a vocabulary split across ranks (tensor parallelism): the
+// argmax rule over this rank's columns. index is the global column (offset + j) of the row's first
+// maximum, or kPartNoFinite (no finite logit in these columns: the other ranks decide) or
+// kPartPoisoned (a NaN or +inf here: the whole row has no pick). backend/sampling.h merges them.
+struct ArgmaxPart {
+  float value = 0.0f;
+  int32_t index = -1;
+};
+constexpr int32_t kPartNoFinite = -1, kPartPoisoned = -2;
+
 // A recorded sequence of ops replayed as one unit (a CUDA graph). Everything that changes between
 // replays must live in backend buffers the ops read, never in the recorded arguments.
 class Graph {
@@ -320,6 +330,12 @@ class Backend {
   // out[i] = argmax_j logits[i, j] (lowest index on ties), or -1 (sampling::kNoToken) for a row with
   // a NaN or +inf logit or no finite one: its softmax is NaN, it has no meaningful pick.
   virtual void argmax(const Mat& logits, int32_t* out) = 0;
+  // argmax split over ranks: out[i] = this rank's ArgmaxPart of logits row i, whose column j is
+  // vocabulary entry offset + j (logits.cols >= 1); then, once every rank's parts are gathered
+  // ([world, rows], rank-major), argmax_merge gives out[i] = the row's pick, exactly what argmax gives
+  // over the whole row (sampling::merge_argmax_parts). Backend memory throughout.
+  virtual void argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out) = 0;
+  virtual void argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out) = 0;
   // out[i] = a token drawn from logits row i by its state row's settings (repetition, frequency and
   // presence penalties, temperature, top-k, min-p, top-p), defined exactly in backend/sampling.h so
   // every backend picks the same token; then marks it in seen and counts it in counts (each when

@@ -50,6 +50,8 @@ class ForwardingBackend : public Backend {
   void feed_picks(const int32_t* p, const int32_t* f, int64_t n, int32_t* ids) override { in_->feed_picks(p, f, n, ids); }
   void gather_rows(const Mat& s, const int32_t* i, const Mat& d) override { in_->gather_rows(s, i, d); }
   void argmax(const Mat& l, int32_t* o) override { in_->argmax(l, o); }
+  void argmax_part(const Mat& l, int64_t off, ArgmaxPart* o) override { in_->argmax_part(l, off, o); }
+  void argmax_merge(const ArgmaxPart* p, int64_t r, int w, int32_t* o) override { in_->argmax_merge(p, r, w, o); }
   void sample(const Mat& l, const SampleState& st, int32_t* o) override { in_->sample(l, st, o); }
   void logprobs(const Mat& l, const int32_t* c, int n, float* clp, int32_t* ti, float* tl) override {
     in_->logprobs(l, c, n, clp, ti, tl);

@@ -270,4 +270,32 @@ inline int32_t argmax_row(const float* logits, int64_t vocab) {
   return best < 0 ? kNoToken : int32_t(best);
 }
 
+// The argmax op's rule over columns [offset, offset + cols) of a row split across ranks (ArgmaxPart).
+inline ArgmaxPart argmax_part_row(const float* logits, int64_t cols, int64_t offset) {
+  ArgmaxPart p;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (poisons_row(logits[j])) return ArgmaxPart{logits[j], kPartPoisoned};
+    if (is_finite(logits[j]) && (p.index < 0 || logits[j] > p.value)) p = ArgmaxPart{logits[j], int32_t(offset + j)};
+  }
+  return p;
+}
+
+// The row's pick from its parts parts[0], parts[stride], ... (ranks in order, so ascending columns):
+// kNoToken when a part is poisoned or none has a finite logit, else the largest value, ties to the
+// earlier rank, whose index is the lower. That is argmax_row over the whole row: its first maximum is
+// the first maximum of the first part that holds the maximum.
+INGOT_HD int32_t merge_argmax_parts(const ArgmaxPart* parts, int64_t stride, int world) {
+  int32_t best = kNoToken;
+  float value = 0.0f;
+  for (int w = 0; w < world; ++w) {
+    const ArgmaxPart p = parts[int64_t(w) * stride];
+    if (p.index == kPartPoisoned) return kNoToken;
+    if (p.index >= 0 && (best < 0 || p.value > value)) {
+      best = p.index;
+      value = p.value;
+    }
+  }
+  return best;
+}
+
 }  // namespace ingot::sampling

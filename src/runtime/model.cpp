@@ -139,6 +139,14 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
     std::vector<int32_t> iota(size_t(opt_.max_logit_rows));
     for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
     be_.upload(tp_index_.get(), iota.data(), iota.size() * sizeof(int32_t));
+    ws(tp_parts_, w.tp_parts);
+    // A rank whose vocabulary rows are all padding (a vocabulary under world^2 entries) has no part to
+    // compute: its slot keeps "no finite logit" and only the gather overwrites it, with itself.
+    if (s.tp.rank * s.tp.vocab_rows >= s.vocab) {
+      const std::vector<ArgmaxPart> none(size_t(opt_.max_logit_rows));
+      be_.upload(tp_parts_.as<ArgmaxPart>() + size_t(s.tp.rank) * none.size(), none.data(),
+                 none.size() * sizeof(ArgmaxPart));
+    }
   }
   if (group_) group_->start_peers(options);
 }
@@ -297,6 +305,18 @@ void Model::set_sampling_local(int row, const SamplingParams& p, std::span<const
 }
 
 Model::StepLogprobs Model::decode_logprobs(int top_n) {
+  if (leading_) send_call(tp_call::decode_logprobs(top_n));
+  const Lead lead{*this};
+  if (!group_) return decode_logprobs_local(top_n);
+  StepLogprobs out;
+  on_ranks([&](Model& m, int r) {
+    StepLogprobs mine = m.decode_logprobs_local(top_n);
+    if (r == 0) out = std::move(mine);
+  });
+  return out;
+}
+
+Model::StepLogprobs Model::decode_logprobs_local(int top_n) {
   if (top_n < 0 || top_n > sampling::kMaxTopLogprobs)
     throw Error("decode_logprobs: top_n " + std::to_string(top_n) + " is outside [0, " +
                 std::to_string(sampling::kMaxTopLogprobs) + "]");
@@ -304,6 +324,12 @@ Model::StepLogprobs Model::decode_logprobs(int top_n) {
   if (n < 1) throw Error("decode_logprobs: no decode step ran since the logits workspace was last written");
   if (!launched_.empty()) throw Error("decode_logprobs: a launched step is not finished (its logits are not this step's)");
   const int64_t L = opt_.max_logit_rows;
+  // A split greedy pick left the logits on the ranks: gather them now, from the head's input the step
+  // left (the picks stay as they were: the same products give the same logits).
+  if (!logits_gathered_) {
+    head(mat(head_input_->get(), be_.activation_dtype(), n, spec_.hidden), n);
+    logits_gathered_ = true;
+  }
   float* chosen = logprobs_out_.as<float>();
   int32_t* ids = logprobs_out_.as<int32_t>() + L;
   float* top = logprobs_out_.as<float>() + L + L * sampling::kMaxTopLogprobs;
@@ -341,6 +367,23 @@ void Model::head(const Mat& g, int64_t n) {
   }
 }
 
+void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled) {
+  if (!split_pick(sampled)) {
+    head(g, n);
+    return pick(n, rows, sampled);
+  }
+  const DType adt = be_.activation_dtype();
+  const int64_t vrows = spec_.tp.vocab_rows, rank = spec_.tp.rank, cols = std::min(vrows, spec_.vocab - rank * vrows);
+  ArgmaxPart* parts = tp_parts_.as<ArgmaxPart>();  // [world, n] for this call
+  if (cols > 0) {
+    const Mat mine = mat(tp_logits_.get(), adt, n, vrows);  // [n, vocab_rows] this rank's LM-head rows
+    lm_head(be_, weights_, g, mine);
+    be_.argmax_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, parts + rank * n);
+  }
+  comm_->all_gather(parts + rank * n, parts, size_t(n) * sizeof(ArgmaxPart));
+  be_.argmax_merge(parts, n, int(spec_.tp.world), next_tokens_.as<int32_t>());
+}
+
 void Model::pick(int64_t n, const int32_t* rows, bool sampled) {
   Mat lg = mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab);
   if (!sampled) {
@@ -366,8 +409,8 @@ void Model::decode_body(int64_t n, bool sampled) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
   run_decoder(n, int(state_.capacity()), int(n));
-  head(mat(h_.get(), adt, n, spec_.hidden), n);
-  pick(n, row_.as<int32_t>(), sampled);  // one token per row: the token's cache row is the state row
+  // one token per row: the token's cache row is the state row
+  head_pick(mat(h_.get(), adt, n, spec_.hidden), n, row_.as<int32_t>(), sampled);
 }
 
 void Model::feed_tokens(const Batch& batch, const std::vector<int32_t>& feed) {
@@ -452,10 +495,11 @@ void Model::launch_forward_local(const Batch& batch, const std::vector<int32_t>&
       const DType adt = be_.activation_dtype();
       Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
       be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
-      head(g, n);
-      pick(n, next_tokens_.as<int32_t>() + opt_.max_batch, sampled);
+      head_pick(g, n, next_tokens_.as<int32_t>() + opt_.max_batch, sampled);
     }
   };
+  logits_gathered_ = !split_pick(sampled);
+  head_input_ = &gathered_;
   run_forward_graph(ForwardShape{T, rows, single_rows, n, sampled}, body);
   launch_readback(n);
 }
@@ -533,6 +577,8 @@ void Model::launch_decode_local(const std::vector<int>& rows, const std::vector<
   feed_tokens(b, feed);
   advance_lengths(b);
   const bool sampled = any_sampled(rows);
+  logits_gathered_ = !split_pick(sampled);
+  head_input_ = &h_;
   if (opt_.use_graphs) {
     const std::pair<int64_t, bool> key{n, sampled};
     auto it = decode_graphs_.find(key);
@@ -571,6 +617,7 @@ std::vector<HostTensor> Model::forward_ranks(const Batch& batch) {
 HostTensor Model::forward_local(const Batch& batch) {
   Prepared p = prepare(batch);
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
+  logits_gathered_ = true;
   const int64_t T = int64_t(p.ids.size());
   upload_meta(p);
   advance_lengths(batch);

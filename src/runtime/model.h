@@ -121,7 +121,9 @@ class Model {
   // The log-probabilities of the last decode()'s picks (log_softmax of the raw logits, before any
   // penalty or temperature; backend/logprobs.h) and each row's top_n (0..20) most likely tokens,
   // computed by the backend's logprobs op over the logits that step left in the workspace. Call it
-  // right after decode(), only when a request asks: decode() itself never pays for it.
+  // right after decode(), only when a request asks: decode() itself never pays for it. Tensor parallel
+  // greedy steps pick without gathering the logits (split_pick); this gathers them first, so the ranks
+  // run it together, as they run decode.
   struct StepLogprobs {
     int top_n = 0;
     std::vector<float> chosen;    // [rows]
@@ -133,8 +135,8 @@ class Model {
   // Ranks as processes for a command that only rank 0 drives (`serve` takes requests, `chat` reads the
   // terminal, on rank 0 alone): on rank 0 it returns true, and from then on every call above that the
   // ranks run together (set_sampling, forward, forward_ranks, launch_decode, launch_forward,
-  // finish_launch; decode through the last two) is sent to the other processes before it runs here
-  // (runtime/tp_lead.h), until this Model goes. On another rank it runs the calls rank 0 sends, in order,
+  // finish_launch, decode_logprobs; decode through launch_decode and finish_launch) is sent to the
+  // other processes before it runs here (runtime/tp_lead.h), until this Model goes. On another rank it runs the calls rank 0 sends, in order,
   // and returns false once rank 0's Model is gone (the caller then ends the command); it throws where a
   // call fails on one side only, or the group stops. Without ranks as processes: true, nothing changes.
   // Batch commands (generate, check, bench) need none of this: every process runs the same calls.
@@ -175,6 +177,13 @@ class Model {
   // logits_ [n, vocab] = the LM head of g [n, hidden]: on a tensor-parallel rank its vocabulary rows,
   // then every rank's gathered and laid out side by side (the padding past the vocabulary dropped).
   void head(const Mat& g, int64_t n);
+  // Whether a step picks its tokens without gathering the logits: tensor parallel and greedy. Each
+  // rank then takes its vocabulary rows' argmax and the ranks exchange one (value, index) a row.
+  bool split_pick(bool sampled) const { return comm_ && !sampled; }
+  // The LM head of g [n, hidden] and the picks: head() then pick(), or for a split pick this rank's
+  // rows, its ArgmaxPart of each, every rank's gathered and merged into next_tokens_.
+  void head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled);
+  StepLogprobs decode_logprobs_local(int top_n);
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
   // ids_ [T] -> h_ [T, hidden]; single_rows: leading rows of one token each (ForwardContext)
@@ -239,6 +248,7 @@ class Model {
   Buffer inv_freq_;  // [rope_dim / 2] f32
   Buffer tp_logits_;  // tensor parallel: [world, max_logit_rows, vocab_rows] every rank's LM-head rows
   Buffer tp_index_;   // tensor parallel: [max_logit_rows] int32 0, 1, 2, ...
+  Buffer tp_parts_;   // tensor parallel: [world, max_logit_rows] ArgmaxPart, a split greedy pick's parts
   // [3, max_batch] int32: a step's picks; (launch_forward) their cache rows; (launch_*) the feed
   Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
@@ -248,6 +258,10 @@ class Model {
   Buffer sample_counts_;  // [max_batch, vocab] int32
   Buffer logprobs_out_;   // [max_logit_rows] f32 chosen, [max_logit_rows, 20] int32 ids, [max_logit_rows, 20] f32
   int64_t last_decode_rows_ = 0;  // rows of the last decode(), whose logits the workspace still holds
+  // Whether that step gathered its logits (a split greedy pick does not), and the LM head's input it
+  // read (h_ for decode, gathered_ for launch_forward), from which decode_logprobs gathers them.
+  bool logits_gathered_ = true;
+  Buffer* head_input_ = nullptr;
   int64_t picks_rows_ = 0;        // picks next_tokens_ holds (or will, once the launched steps run)
   std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled

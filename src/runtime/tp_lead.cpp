@@ -28,6 +28,7 @@ const char* call_name(Call c) {
     case Call::LaunchDecode: return "launch_decode";
     case Call::LaunchForward: return "launch_forward";
     case Call::FinishLaunch: return "finish_launch";
+    case Call::DecodeLogprobs: return "decode_logprobs";
   }
   return "an unknown call";
 }
@@ -107,6 +108,12 @@ std::vector<uint8_t> launch_forward(const Batch& batch, const std::vector<int32_
   return w.done();
 }
 
+std::vector<uint8_t> decode_logprobs(int top_n) {
+  Writer w(Call::DecodeLogprobs);
+  w.pod(int32_t(top_n));
+  return w.done();
+}
+
 void Reader::take(void* out, size_t n) {
   if (n > msg_.size() - at_)
     throw WireError("tensor parallel: rank 0's " + std::string(call_name(msg_.size() > 1 ? Call(msg_[1]) : Call::End)) +
@@ -124,7 +131,7 @@ bool Reader::leader_failed() {
 Call Reader::call() {
   uint8_t v = 0;
   take(&v, 1);
-  if (v < uint8_t(Call::End) || v > uint8_t(Call::FinishLaunch))
+  if (v < uint8_t(Call::End) || v > uint8_t(Call::Last))
     throw WireError("tensor parallel: rank 0 sent call " + std::to_string(v) + ", which this build does not know");
   return Call(v);
 }
@@ -305,6 +312,12 @@ void Model::follow() {
           r.end();
           finish_launch();
           break;
+        case Call::DecodeLogprobs: {
+          const int top_n = r.i32();
+          r.end();
+          decode_logprobs(top_n);  // its collective, if any (the gather of a split pick's logits)
+          break;
+        }
         case Call::End: break;
       }
     } catch (const GroupStopped&) {

@@ -15,7 +15,17 @@
 
 namespace ingot::tp_call {
 
-enum class Call : uint8_t { End = 1, SetSampling, Forward, ForwardRanks, LaunchDecode, LaunchForward, FinishLaunch };
+enum class Call : uint8_t {
+  End = 1,
+  SetSampling,
+  Forward,
+  ForwardRanks,
+  LaunchDecode,
+  LaunchForward,
+  FinishLaunch,
+  DecodeLogprobs,
+  Last = DecodeLogprobs
+};
 
 // The messages rank 0 sends (byte 0, whether its previous call failed, is filled in when sent).
 std::vector<uint8_t> bare(Call c);  // End, FinishLaunch
@@ -25,6 +35,7 @@ std::vector<uint8_t> forward(Call c, const Batch& batch);  // Forward, ForwardRa
 std::vector<uint8_t> launch_decode(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
                                    const std::vector<int64_t>& write_index, const std::vector<int32_t>& feed);
 std::vector<uint8_t> launch_forward(const Batch& batch, const std::vector<int32_t>& feed);
+std::vector<uint8_t> decode_logprobs(int top_n);
 
 // A message that does not read as one (a bug, not a user's input): fatal to the rank that reads it.
 struct WireError : Error {

@@ -315,6 +315,13 @@ class CpuBackend final : public Backend {
     require_f32(logits, "argmax");
     for (int64_t r = 0; r < logits.rows; ++r) out[r] = sampling::argmax_row(frow(logits, r), logits.cols);
   }
+  void argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out) override {
+    require_f32(logits, "argmax_part");
+    for (int64_t r = 0; r < logits.rows; ++r) out[r] = sampling::argmax_part_row(frow(logits, r), logits.cols, offset);
+  }
+  void argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out) override {
+    for (int64_t r = 0; r < rows; ++r) out[r] = sampling::merge_argmax_parts(parts + r, rows, world);
+  }
 
   void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
     require_f32(logits, "sample");

@@ -545,6 +545,14 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "argmax " + shape(logits); }, stream_->get());
     launch_argmax(logits, out, argmax_, stream_->get());
   }
+  void argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out) override {
+    auto _ = prof_.scope([&] { return "argmax_part " + shape(logits); }, stream_->get());
+    launch_argmax_part(logits, offset, out, argmax_, stream_->get());
+  }
+  void argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out) override {
+    auto _ = prof_.scope([&] { return "argmax_merge"; }, stream_->get());
+    launch_argmax_merge(parts, rows, world, out, stream_->get());
+  }
   void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
     auto _ = prof_.scope([&] { return "sample " + shape(logits); }, stream_->get());
     launch_sample(logits, st, out, stream_->get());

@@ -146,7 +146,9 @@ __global__ void round_rows_kernel(RoundArgs a) {
 struct ArgmaxArgs {
   const void* logits;
   int64_t ld, cols;
-  int32_t* out;
+  int32_t* out;       // [rows] the picks; or, with parts set (argmax_part), nothing
+  ArgmaxPart* parts;  // [rows] this rank's share of a split pick, its columns from offset; or null
+  int64_t offset;
   int chunk, chunks;
   float* part_v;  // [rows, chunks]
   int* part_i;    // [rows, chunks]
@@ -232,7 +234,25 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxArgs a) {
   }
   bad = __syncthreads_or(bad);
   block_best(bv, bi);
-  if (threadIdx.x == 0) a.out[row] = bad || bi == INT32_MAX ? sampling::kNoToken : bi;
+  if (threadIdx.x != 0) return;
+  if (a.parts)
+    a.parts[row] = ArgmaxPart{bv, bad ? kPartPoisoned : bi == INT32_MAX ? kPartNoFinite : int32_t(bi + a.offset)};
+  else
+    a.out[row] = bad || bi == INT32_MAX ? sampling::kNoToken : bi;
+}
+
+struct ArgmaxMergeArgs {
+  const ArgmaxPart* parts;  // [world, rows]
+  int64_t rows;
+  int world;
+  int32_t* out;  // [rows]
+};
+
+__global__ void argmax_merge_kernel(ArgmaxMergeArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < a.rows) a.out[i] = sampling::merge_argmax_parts(a.parts + i, a.rows, a.world);
 }
 
 unsigned grid_for(int64_t total, int threads) {
@@ -309,6 +329,22 @@ void launch_round_rows(const Mat& src, const Mat& dst, cudaStream_t s) {
 }
 
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s) {
+  launch_argmax(logits, out, nullptr, 0, ws, s);
+}
+
+void launch_argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out, const Scratch& ws, cudaStream_t s) {
+  if (logits.cols < 1) throw Error("cuda backend: argmax_part over no columns");
+  launch_argmax(logits, nullptr, out, offset, ws, s);
+}
+
+void launch_argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out, cudaStream_t s) {
+  if (rows == 0) return;
+  ArgmaxMergeArgs a{parts, rows, world, out};
+  launch("argmax_merge_kernel", argmax_merge_kernel, dim3(grid_for(rows, 256)), dim3(256), 0, s, a);
+}
+
+void launch_argmax(const Mat& logits, int32_t* out, ArgmaxPart* parts, int64_t offset, const Scratch& ws,
+                   cudaStream_t s) {
   if (logits.rows == 0) return;
   if (size_t(logits.rows) > ws.n_counters)
     throw Error("cuda backend: argmax over " + std::to_string(logits.rows) + " rows exceeds its scratch of " +
@@ -317,7 +353,7 @@ void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStrea
   const int64_t cap = int64_t(ws.n_floats / 2) / logits.rows;
   int64_t chunk = std::max<int64_t>(2048, (logits.cols + cap - 1) / std::max<int64_t>(cap, 1));
   const int64_t chunks = (logits.cols + chunk - 1) / chunk;
-  ArgmaxArgs a{logits.data, logits.ld, logits.cols, out, int(chunk), int(chunks), ws.floats,
+  ArgmaxArgs a{logits.data, logits.ld, logits.cols, out, parts, offset, int(chunk), int(chunks), ws.floats,
                reinterpret_cast<int*>(ws.floats + ws.n_floats / 2), ws.counters};
   dispatch(logits.dtype, "argmax", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

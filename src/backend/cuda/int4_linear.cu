@@ -259,24 +259,27 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
   launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
 }
 
-// Whether int4gemm::gemm_kernel takes the call: weights in 8-row blocks (K a multiple of 128), and
-// for SwiGLU half the rows a multiple of 8 (a tile's up rows one block). Off unless
-// INGOT_CUDA_INT4_GEMM=1 until a GPU has run it (issue 12, 2026-12-07: compiled, and the device calls
-// of its session were all refused); test_cuda_int4_ops turns it on, so the GPU conformance tests check
-// it against the CPU. To become the default, and the knob to go, once measured.
+// Whether int4gemm::gemm_kernel takes the call: weights in 8-row blocks (K a multiple of 128), for
+// SwiGLU half the rows a multiple of 8 (a tile's up rows one block), and wide products (N >= 4 K: an
+// 8B model's gate/up). bench/int4_lab.cu on an H100 (2026-12-07, bf16, group 128, Llama-3.1-8B's
+// products, µs per call against the per-warp kernel's split below): gate/up 34.8 against 37.8 at 16
+// tokens, 42.5 against 43.5 at 32, 58.2 against 73.9 at 64; but O and down (N < K, few tiles) 15.7
+// against 14.3 and 60.9 against 36.4 at 64 even split over a cluster, and QKV mixed (21.3 against 17.6
+// at 64): with the GEMM on every shape `ingot bench` lost 4% at batch 16 and 12% at 64.
 template <class Out>
 bool gemm_suits(const int4gemv::Args& a) {
-  static const bool on = env_knob("INGOT_CUDA_INT4_GEMM", 0) == 1;
   // Thread-block clusters (the GEMM's split of K) need compute capability 9+.
-  if (!on || device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return false;
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 || a.N < 4 * a.K) return false;
   const bool blocks = a.wm.quad == int4gemv::WeightMap::blocks8(a.K).quad && a.wm.row == 64 && a.K % 128 == 0;
   return blocks && (!std::is_same_v<Out, int4gemv::SwigluOut> || (a.N / 2) % 8 == 0);
 }
 
 // The GEMM's split of K over a cluster: enough blocks for two a multiprocessor where the tiles alone
-// are too few (O and down of an 8B model: 64 blocks of four tiles).
+// are too few. At 33..64 tokens two tiles a warp and three stages (gate/up 58.2 µs against 70.0 for
+// one tile and four stages, the lab run above).
 template <typename T, class Out, int NT>
 void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
+  if constexpr (NT == 8) return int4gemm::launch_gemm<T, Out, 4, 2, NT, 3, 1, true>(a, s);
   constexpr int WN = 4, W = 1, ST = 4;
   const int tiles = (Out::outputs(a) + Out::kSpan - 1) / Out::kSpan, blocks = (tiles + WN * W - 1) / (WN * W);
   const int want = 2 * device_sm_count();
