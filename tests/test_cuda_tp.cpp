@@ -13,10 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
+#include "dist/in_process.h"  // GroupStopped
 #include "dist/p2p_all_reduce.h"
 #include "dist/process_group.h"
 #include "dist/reduce.h"
@@ -316,6 +319,46 @@ TEST_F(CudaTp, P2pAllReduceInTheModel) {
   const auto [rc, out] = test::sh("INGOT_TP_P2P_BYTES=4096 INGOT_TP_TIMEOUT_S=0 " + gen);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("INGOT_TP_TIMEOUT_S=0 is not a whole number of seconds"), std::string::npos) << out;
+}
+
+// A peer that is alive but never joins a step's collectives (here: rank 1 sleeps instead of decoding)
+// does not hang rank 0: its wait for the step passes INGOT_TP_TIMEOUT_S, the NCCL communicator's
+// watchdog aborts it, and the decode throws GroupStopped naming the limit, within a few seconds of it.
+TEST_F(CudaTp, APeerAliveButAbsentStopsTheStepAfterTheTimeout) {
+  ::setenv("INGOT_TP_TIMEOUT_S", "3", 1);  // rank 1, started from this process, inherits it
+  ProcessGroupOptions po;
+  po.world = 2;
+  po.argv = {proc::self_executable(), "--gtest_filter=" + current_test()};
+  po.silence_worker_stdout = false;
+  auto be = make_cuda_backend(DType::BF16, local_rank_from_environment() % cuda_device_count());
+  std::shared_ptr<RankProcess> ranks = RankProcess::start(po, *be);
+  const int rank = ranks->rank();
+  Engine engine = build_engine(fixture_dir("qwen3"), BuildOptions{DType::BF16});
+  RuntimeOptions rt;
+  rt.max_batch = 1;
+  rt.capacity = 16;
+  rt.tp = 2;
+  {
+    Model m(engine, *be, rt, ranks);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        m.decode({0}, {1}, {0});
+        ADD_FAILURE() << "the step finished without its peer";
+      } catch (const GroupStopped& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("INGOT_TP_TIMEOUT_S=3"), std::string::npos) << what;
+        EXPECT_NE(what.find("did not take part"), std::string::npos) << what;
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_GE(s, 3.0);
+      EXPECT_LT(s, 8.0);
+    }
+  }
+  ::unsetenv("INGOT_TP_TIMEOUT_S");
+  ranks->close();
 }
 
 }  // namespace

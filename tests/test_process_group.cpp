@@ -22,6 +22,7 @@
 #include "dist/in_process.h"
 #include "dist/process_group.h"
 #include "dist/rank_threads.h"
+#include "dist/watchdog.h"
 #include "test_helpers.h"
 
 namespace ingot {
@@ -107,6 +108,55 @@ void run_collectives(int world) {
 }
 
 TEST(ProcessGroup, CollectivesOverTwoProcessesEqualTheInProcessGroup) { run_collectives(2); }
+
+// The deadline on waits for a step's collectives (what the NCCL communicator stops the group with when
+// a peer is alive but absent): a wait past the limit fires once, with how long it had lasted; waits
+// that end in time, nested or not, never fire; an idle watchdog never fires and its destructor does
+// not wait out the limit.
+TEST(Watchdog, AWaitPastTheLimitFiresOnceAndWaitsInTimeNever) {
+  using namespace std::chrono_literals;
+  std::atomic<int> fired{0};
+  std::atomic<int64_t> waited{-1};
+  {
+    Watchdog w(1000ms, [&](int64_t s) {
+      waited = s;
+      ++fired;
+    });
+    for (int i = 0; i < 20; ++i) {
+      const Watchdog::Wait outer(&w);
+      const Watchdog::Wait inner(&w);  // nested: the outermost is timed
+      std::this_thread::sleep_for(20ms);
+    }
+    std::this_thread::sleep_for(1200ms);  // idle past the limit
+    EXPECT_EQ(fired.load(), 0);
+    EXPECT_FALSE(w.expired());
+    w.begin();
+    std::this_thread::sleep_for(1600ms);
+    EXPECT_EQ(fired.load(), 1);
+    EXPECT_TRUE(w.expired());
+    w.end();
+    const Watchdog::Wait again(&w);
+    std::this_thread::sleep_for(1200ms);
+    EXPECT_EQ(fired.load(), 1);  // once
+  }
+  EXPECT_EQ(waited.load(), 1);  // whole seconds: past one, under two
+  const Watchdog::Wait none(nullptr);  // marks nothing
+  const auto t0 = std::chrono::steady_clock::now();
+  { Watchdog idle(std::chrono::hours(1), [](int64_t) {}); }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST(Watchdog, TheTimeoutVariableIsCheckedNamingIt) {
+  ::setenv("INGOT_TP_TIMEOUT_S", "7", 1);
+  EXPECT_EQ(tp_timeout_from_env().count(), 7);
+  for (const char* bad : {"0", "-3", "1.5", "86401", "ten", "30s"}) {
+    ::setenv("INGOT_TP_TIMEOUT_S", bad, 1);
+    test::expect_error([] { tp_timeout_from_env(); },
+                       {"INGOT_TP_TIMEOUT_S=" + std::string(bad), "whole number of seconds in [1, 86400]"});
+  }
+  ::unsetenv("INGOT_TP_TIMEOUT_S");
+  EXPECT_EQ(tp_timeout_from_env().count(), 300);
+}
 TEST(ProcessGroup, CollectivesOverFourProcessesEqualTheInProcessGroup) { run_collectives(4); }
 
 // A worker killed while the others are in a collective: every other rank throws, within seconds,

@@ -14,6 +14,8 @@
 
 namespace ingot {
 
+class Watchdog;  // dist/watchdog.h
+
 // Sizes a group may have: far above the 8 GPUs of one host, small enough that a mistyped --tp (1000)
 // is refused before any thread or shard is made.
 inline constexpr int kMaxTensorParallel = 64;
@@ -36,6 +38,11 @@ class Communicator {
   // while this rank waited on the device: nccl_communicator.h), so that results read back after such a
   // wait are not taken for sums. The host groups fail inside the collective itself: nothing to check.
   virtual void check_usable() const {}
+  // The deadline on this rank's host waiting for device work that holds collectives (a caller marks
+  // such a wait with Watchdog::Wait): a communicator that cannot time out by itself (NCCL) stops the
+  // group when the wait passes INGOT_TP_TIMEOUT_S, and check_usable() then throws. Null where the
+  // collectives are host calls that fail by themselves (the CPU groups).
+  virtual Watchdog* wait_watchdog() { return nullptr; }
   // What carries the collectives, for logs and bench results ("nccl 2.28.9", ...).
   virtual std::string describe() const = 0;
 };

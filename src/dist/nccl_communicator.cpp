@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "dist/in_process.h"  // GroupStopped
 #include "dist/p2p_all_reduce.h"
+#include "dist/watchdog.h"
 
 namespace ingot {
 
@@ -60,6 +62,7 @@ struct NcclCommunicator::Impl {
   mutable std::mutex why_mu;
   std::string why;
   std::unique_ptr<P2pAllReduce> p2p;  // null: every sum through NCCL
+  std::unique_ptr<Watchdog> watchdog;  // the deadline on waits for this rank's collectives
   int uncaught_at_start = std::uncaught_exceptions();
 
   // Every NCCL result goes through here: an Error naming the call, NCCL's text for the code and, when
@@ -86,7 +89,8 @@ struct NcclCommunicator::Impl {
 NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
     : impl_(std::make_unique<Impl>()), host_(host), rank_(host.rank()), world_(host.world()) {
   const std::string who = rank_text(rank_, world_);
-  const size_t p2p_bytes = p2p_bytes_from_env();  // a bad value is refused before any NCCL work
+  const size_t p2p_bytes = p2p_bytes_from_env();  // bad values are refused before any NCCL work
+  const std::chrono::seconds limit = tp_timeout_from_env();
   impl_->stream = static_cast<cudaStream_t>(backend.native_stream());
   impl_->device = backend.device_ordinal();
   if (!impl_->stream || impl_->device < 0)
@@ -119,6 +123,10 @@ NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
     all_gather(b.as<uint8_t>() + size_t(rank_) * bytes, b.get(), bytes);
     backend.synchronize();
   }
+  impl_->watchdog = std::make_unique<Watchdog>(limit, [this, who, limit](int64_t waited_s) {
+    abort_from_watch(who + ": waited " + std::to_string(waited_s) + " s for a step's collectives (INGOT_TP_TIMEOUT_S=" +
+                     std::to_string(limit.count()) + "): a peer rank is alive but did not take part");
+  });
   if (p2p_bytes > 0) {
     std::string why;
     impl_->p2p = P2pAllReduce::open(host, backend, p2p_bytes, why);
@@ -126,7 +134,10 @@ NcclCommunicator::NcclCommunicator(Communicator& host, Backend& backend)
   }
 }
 
-NcclCommunicator::~NcclCommunicator() = default;
+// The watchdog's thread calls back into this object: it is joined before anything else goes.
+NcclCommunicator::~NcclCommunicator() { impl_->watchdog.reset(); }
+
+Watchdog* NcclCommunicator::wait_watchdog() { return impl_->watchdog.get(); }
 
 void NcclCommunicator::abort_from_watch(const std::string& why) {
   {
@@ -166,7 +177,12 @@ void NcclCommunicator::barrier() {
   check_usable();
   // What was queued on this rank finishes first, so that passing the barrier means the collectives
   // before it are done here; then the ranks meet on the host.
-  if (cudaStreamSynchronize(impl_->stream) != cudaSuccess) {
+  cudaError_t synced = cudaSuccess;
+  {
+    const Watchdog::Wait wait(impl_->watchdog.get());
+    synced = cudaStreamSynchronize(impl_->stream);
+  }
+  if (synced != cudaSuccess) {
     const cudaError_t e = cudaGetLastError();
     impl_->failed = true;
     std::string msg = rank_text(rank_, world_) + ": barrier: cudaStreamSynchronize failed: " + cudaGetErrorString(e);

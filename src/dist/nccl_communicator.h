@@ -65,6 +65,9 @@ class NcclCommunicator final : public Communicator {
   // GroupStopped with `why`.
   void abort_from_watch(const std::string& why);
   void check_usable() const override;
+  // A Watchdog of INGOT_TP_TIMEOUT_S whose expiry is abort_from_watch naming the limit: a peer alive
+  // but absent from a collective ends the wait (and the command) with an error instead of a hang.
+  Watchdog* wait_watchdog() override;
   // NCCL's version as a number (e.g. 22809 for 2.28.9), for logs.
   static int version();
 

@@ -4,33 +4,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "backend/cuda/p2p_reduce.h"
 #include "core/error.h"
+#include "dist/watchdog.h"
 
 namespace ingot {
 
 namespace {
 
 std::string rank_text(int rank, int world) { return "rank " + std::to_string(rank) + " of " + std::to_string(world); }
-
-// How long a block waits for a peer before it stops the kernel: INGOT_TP_TIMEOUT_S seconds (default 300:
-// far past any step, long enough for a peer still loading a large model behind a fast one).
-uint64_t timeout_from_env() {
-  const char* e = std::getenv("INGOT_TP_TIMEOUT_S");
-  long s = 300;
-  if (e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 1 || v > 86400)
-      throw Error("INGOT_TP_TIMEOUT_S=" + std::string(e) + " is not a whole number of seconds in [1, 86400]");
-    s = v;
-  }
-  return uint64_t(s) * 1000000000ull;
-}
 
 void cuda_check(cudaError_t e, const std::string& who, const char* call) {
   if (e == cudaSuccess) return;
@@ -96,7 +83,8 @@ std::unique_ptr<P2pAllReduce> P2pAllReduce::open(Communicator& host, Backend& ba
   impl->device = backend.device_ordinal();
   impl->stream = static_cast<cudaStream_t>(backend.native_stream());
   if (!impl->stream || impl->device < 0) throw Error(who + ": the " + backend.name() + " backend has no CUDA stream");
-  impl->timeout_ns = timeout_from_env();
+  // How long a block waits for a peer before it stops the kernel (INGOT_TP_TIMEOUT_S).
+  impl->timeout_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(tp_timeout_from_env()).count());
   cuda_check(cudaSetDevice(impl->device), who, "cudaSetDevice");
 
   // Every rank's GPU by PCI bus id (ordinals differ between processes that see different devices),

@@ -7,6 +7,7 @@
 
 #include "backend/logprobs.h"
 #include "core/error.h"
+#include "dist/watchdog.h"
 #include "models/rope.h"
 #include "runtime/tp_group.h"
 #include "runtime/tp_lead.h"
@@ -324,6 +325,7 @@ Model::StepLogprobs Model::decode_logprobs_local(int top_n) {
   if (n < 1) throw Error("decode_logprobs: no decode step ran since the logits workspace was last written");
   if (!launched_.empty()) throw Error("decode_logprobs: a launched step is not finished (its logits are not this step's)");
   const int64_t L = opt_.max_logit_rows;
+  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);
   // A split greedy pick left the logits on the ranks: gather them now, from the head's input the step
   // left (the picks stay as they were: the same products give the same logits).
   if (!logits_gathered_) {
@@ -461,6 +463,7 @@ std::vector<int32_t> Model::finish_launch_local() {
   if (launched_.empty()) throw Error("finish_launch: no launched step");
   auto [rb, n] = launched_.front();
   launched_.pop_front();
+  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);  // a peer alive but absent ends it
   const int32_t* p = static_cast<const int32_t*>(rb->wait());
   if (comm_) comm_->check_usable();  // a peer died while this rank waited: these are no picks
   return std::vector<int32_t>(p, p + n);
@@ -619,6 +622,7 @@ HostTensor Model::forward_local(const Batch& batch) {
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
   logits_gathered_ = true;
   const int64_t T = int64_t(p.ids.size());
+  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);  // the downloads below wait
   upload_meta(p);
   advance_lengths(batch);
   run_decoder(T, p.max_kv_len, p.rows, p.single_rows);
