@@ -308,13 +308,7 @@ void Model::set_sampling_local(int row, const SamplingParams& p, std::span<const
 Model::StepLogprobs Model::decode_logprobs(int top_n) {
   if (leading_) send_call(tp_call::decode_logprobs(top_n));
   const Lead lead{*this};
-  if (!group_) return decode_logprobs_local(top_n);
-  StepLogprobs out;
-  on_ranks([&](Model& m, int r) {
-    StepLogprobs mine = m.decode_logprobs_local(top_n);
-    if (r == 0) out = std::move(mine);
-  });
-  return out;
+  return rank0_result([&](Model& m) { return m.decode_logprobs_local(top_n); });
 }
 
 Model::StepLogprobs Model::decode_logprobs_local(int top_n) {
@@ -450,13 +444,7 @@ void Model::launch_readback(int64_t n) {
 std::vector<int32_t> Model::finish_launch() {
   if (leading_) send_call(tp_call::bare(tp_call::Call::FinishLaunch));
   const Lead lead{*this};
-  if (!group_) return finish_launch_local();
-  std::vector<int32_t> picks;
-  on_ranks([&](Model& m, int r) {
-    std::vector<int32_t> mine = m.finish_launch_local();
-    if (r == 0) picks = std::move(mine);
-  });
-  return picks;
+  return rank0_result([](Model& m) { return m.finish_launch_local(); });
 }
 
 std::vector<int32_t> Model::finish_launch_local() {
@@ -600,13 +588,7 @@ void Model::launch_decode_local(const std::vector<int>& rows, const std::vector<
 HostTensor Model::forward(const Batch& batch) {
   if (leading_) send_call(tp_call::forward(tp_call::Call::Forward, batch));
   const Lead lead{*this};
-  if (!group_) return forward_local(batch);
-  HostTensor out;
-  on_ranks([&](Model& m, int r) {
-    HostTensor mine = m.forward_local(batch);
-    if (r == 0) out = std::move(mine);
-  });
-  return out;
+  return rank0_result([&](Model& m) { return m.forward_local(batch); });
 }
 
 std::vector<HostTensor> Model::forward_ranks(const Batch& batch) {

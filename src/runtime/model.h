@@ -166,6 +166,16 @@ class Model {
   Model(const Engine& shard, Backend& backend, const RuntimeOptions& options, Communicator& comm);
   // fn on every rank (this Model being rank 0), or on this one alone without a group.
   void on_ranks(const std::function<void(Model& m, int rank)>& fn);
+  // fn(m) on every rank as on_ranks runs it; rank 0's result.
+  template <class F>
+  auto rank0_result(F&& fn) -> decltype(fn(*this)) {
+    decltype(fn(*this)) out;
+    on_ranks([&](Model& m, int r) {
+      auto mine = fn(m);
+      if (r == 0) out = std::move(mine);
+    });
+    return out;
+  }
   // The calls above on this rank alone.
   HostTensor forward_local(const Batch& batch);
   void launch_decode_local(const std::vector<int>& rows, const std::vector<int32_t>& tokens,
