@@ -143,7 +143,7 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
     ws(tp_parts_, w.tp_parts);
     // A rank whose vocabulary rows are all padding (a vocabulary under world^2 entries) has no part to
     // compute: its slot keeps "no finite logit" and only the gather overwrites it, with itself.
-    if (s.tp.rank * s.tp.vocab_rows >= s.vocab) {
+    if (vocab_cols(s.tp.rank) <= 0) {
       const std::vector<ArgmaxPart> none(size_t(opt_.max_logit_rows));
       be_.upload(tp_parts_.as<ArgmaxPart>() + size_t(s.tp.rank) * none.size(), none.data(),
                  none.size() * sizeof(ArgmaxPart));
@@ -319,7 +319,7 @@ Model::StepLogprobs Model::decode_logprobs_local(int top_n) {
   if (n < 1) throw Error("decode_logprobs: no decode step ran since the logits workspace was last written");
   if (!launched_.empty()) throw Error("decode_logprobs: a launched step is not finished (its logits are not this step's)");
   const int64_t L = opt_.max_logit_rows;
-  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);
+  const Watchdog::Wait wait(wait_watchdog());
   // A split greedy pick left the logits on the ranks: gather them now, from the head's input the step
   // left (the picks stay as they were: the same products give the same logits).
   if (!logits_gathered_) {
@@ -356,7 +356,7 @@ void Model::head(const Mat& g, int64_t n) {
   lm_head(be_, weights_, g, mat(all + size_t(spec_.tp.rank) * part, adt, n, rows));
   comm_->all_gather(all + size_t(spec_.tp.rank) * part, all, part);
   for (int64_t r = 0; r < world; ++r) {
-    const int64_t cols = std::min(rows, spec_.vocab - r * rows);
+    const int64_t cols = vocab_cols(r);
     if (cols <= 0) break;
     be_.gather_rows(Mat{all + size_t(r) * part, adt, n, cols, rows}, tp_index_.as<int32_t>(),
                     Mat{static_cast<uint8_t*>(logits_.get()) + size_t(r * rows) * es, adt, n, cols, spec_.vocab});
@@ -369,7 +369,7 @@ void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled
     return pick(n, rows, sampled);
   }
   const DType adt = be_.activation_dtype();
-  const int64_t vrows = spec_.tp.vocab_rows, rank = spec_.tp.rank, cols = std::min(vrows, spec_.vocab - rank * vrows);
+  const int64_t vrows = spec_.tp.vocab_rows, rank = spec_.tp.rank, cols = vocab_cols(rank);
   ArgmaxPart* parts = tp_parts_.as<ArgmaxPart>();  // [world, n] for this call
   if (cols > 0) {
     const Mat mine = mat(tp_logits_.get(), adt, n, vrows);  // [n, vocab_rows] this rank's LM-head rows
@@ -451,7 +451,7 @@ std::vector<int32_t> Model::finish_launch_local() {
   if (launched_.empty()) throw Error("finish_launch: no launched step");
   auto [rb, n] = launched_.front();
   launched_.pop_front();
-  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);  // a peer alive but absent ends it
+  const Watchdog::Wait wait(wait_watchdog());  // a peer alive but absent ends it
   const int32_t* p = static_cast<const int32_t*>(rb->wait());
   if (comm_) comm_->check_usable();  // a peer died while this rank waited: these are no picks
   return std::vector<int32_t>(p, p + n);
@@ -604,7 +604,7 @@ HostTensor Model::forward_local(const Batch& batch) {
   last_decode_rows_ = 0;  // the logits workspace is about to hold this call's rows
   logits_gathered_ = true;
   const int64_t T = int64_t(p.ids.size());
-  const Watchdog::Wait wait(comm_ ? comm_->wait_watchdog() : nullptr);  // the downloads below wait
+  const Watchdog::Wait wait(wait_watchdog());  // the downloads below wait
   upload_meta(p);
   advance_lengths(batch);
   run_decoder(T, p.max_kv_len, p.rows, p.single_rows);

@@ -3,6 +3,7 @@
 // through. What the forward computes is the model code's (models/layers.h, the family); the Model
 // places, sizes and schedules.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -136,9 +137,9 @@ class Model {
   // terminal, on rank 0 alone): on rank 0 it returns true, and from then on every call above that the
   // ranks run together (set_sampling, forward, forward_ranks, launch_decode, launch_forward,
   // finish_launch, decode_logprobs; decode through launch_decode and finish_launch) is sent to the
-  // other processes before it runs here (runtime/tp_lead.h), until this Model goes. On another rank it runs the calls rank 0 sends, in order,
-  // and returns false once rank 0's Model is gone (the caller then ends the command); it throws where a
-  // call fails on one side only, or the group stops. Without ranks as processes: true, nothing changes.
+  // other processes before it runs here (runtime/tp_lead.h), until this Model goes. On another rank it
+  // runs the calls rank 0 sends, in order, and returns false once rank 0's Model is gone (the caller
+  // then ends the command); it throws where a call fails on one side only, or the group stops. Without ranks as processes: true, nothing changes.
   // Batch commands (generate, check, bench) need none of this: every process runs the same calls.
   bool lead_ranks();
 
@@ -190,6 +191,11 @@ class Model {
   // Whether a step picks its tokens without gathering the logits: tensor parallel and greedy. Each
   // rank then takes its vocabulary rows' argmax and the ranks exchange one (value, index) a row.
   bool split_pick(bool sampled) const { return comm_ && !sampled; }
+  // The vocabulary entries among rank r's LM-head rows (the last ranks' rows past the vocabulary are
+  // padding; <= 0 where a vocabulary under world^2 entries leaves a rank none).
+  int64_t vocab_cols(int64_t r) const { return std::min(spec_.tp.vocab_rows, spec_.vocab - r * spec_.tp.vocab_rows); }
+  // What a wait for this rank's collectives marks (Watchdog::Wait): the communicator's deadline, if any.
+  Watchdog* wait_watchdog() const { return comm_ ? comm_->wait_watchdog() : nullptr; }
   // The LM head of g [n, hidden] and the picks: head() then pick(), or for a split pick this rank's
   // rows, its ArgmaxPart of each, every rank's gathered and merged into next_tokens_.
   void head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled);

@@ -211,9 +211,7 @@ void launch_gather_rows(const Mat& src, const int32_t* idx, const Mat& dst, cuda
 void launch_feed_picks(const int32_t* picks, const int32_t* from, int64_t n, int32_t* ids, cudaStream_t s);
 void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s);
 // The argmax op's two halves for a vocabulary split across ranks (Backend::argmax_part / argmax_merge);
-// the part is the argmax kernel writing an ArgmaxPart instead of a pick (out or parts null).
-void launch_argmax(const Mat& logits, int32_t* out, ArgmaxPart* parts, int64_t offset, const Scratch& ws,
-                   cudaStream_t s);
+// the part is the argmax kernel writing an ArgmaxPart instead of a pick.
 void launch_argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out, const Scratch& ws, cudaStream_t s);
 void launch_argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out, cudaStream_t s);
 // The sample op (sample.cu): a cluster of blocks per row, state in st's buffers, no scratch. phase_ns:

@@ -328,23 +328,10 @@ void launch_round_rows(const Mat& src, const Mat& dst, cudaStream_t s) {
   else launch("round_rows_kernel", round_rows_kernel<__nv_bfloat16>, grid, dim3(256), 0, s, a);
 }
 
-void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s) {
-  launch_argmax(logits, out, nullptr, 0, ws, s);
-}
-
-void launch_argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out, const Scratch& ws, cudaStream_t s) {
-  if (logits.cols < 1) throw Error("cuda backend: argmax_part over no columns");
-  launch_argmax(logits, nullptr, out, offset, ws, s);
-}
-
-void launch_argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out, cudaStream_t s) {
-  if (rows == 0) return;
-  ArgmaxMergeArgs a{parts, rows, world, out};
-  launch("argmax_merge_kernel", argmax_merge_kernel, dim3(grid_for(rows, 256)), dim3(256), 0, s, a);
-}
-
-void launch_argmax(const Mat& logits, int32_t* out, ArgmaxPart* parts, int64_t offset, const Scratch& ws,
-                   cudaStream_t s) {
+namespace {
+// The argmax kernel over logits: picks into out, or (parts set) this rank's ArgmaxParts of a split pick.
+void launch_argmax_kernel(const Mat& logits, int32_t* out, ArgmaxPart* parts, int64_t offset, const Scratch& ws,
+                          cudaStream_t s) {
   if (logits.rows == 0) return;
   if (size_t(logits.rows) > ws.n_counters)
     throw Error("cuda backend: argmax over " + std::to_string(logits.rows) + " rows exceeds its scratch of " +
@@ -360,6 +347,22 @@ void launch_argmax(const Mat& logits, int32_t* out, ArgmaxPart* parts, int64_t o
     launch("argmax_kernel", argmax_kernel<T>, dim3(unsigned(logits.rows), unsigned(chunks)), dim3(kArgmaxThreads), 0,
            s, a);
   });
+}
+}  // namespace
+
+void launch_argmax(const Mat& logits, int32_t* out, const Scratch& ws, cudaStream_t s) {
+  launch_argmax_kernel(logits, out, nullptr, 0, ws, s);
+}
+
+void launch_argmax_part(const Mat& logits, int64_t offset, ArgmaxPart* out, const Scratch& ws, cudaStream_t s) {
+  if (logits.cols < 1) throw Error("cuda backend: argmax_part over no columns");
+  launch_argmax_kernel(logits, nullptr, out, offset, ws, s);
+}
+
+void launch_argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32_t* out, cudaStream_t s) {
+  if (rows == 0) return;
+  ArgmaxMergeArgs a{parts, rows, world, out};
+  launch("argmax_merge_kernel", argmax_merge_kernel, dim3(grid_for(rows, 256)), dim3(256), 0, s, a);
 }
 
 }  // namespace ingot::cuda
