@@ -66,13 +66,17 @@ TEST_P(CudaOps, Int4Linear) {
 // whose split of K over a cluster at 9..32 tokens follows the block count: on a GPU of 132
 // multiprocessors N = 17408 runs unsplit, 9216 over two blocks, 8200 and 2560 over four, where K = 640
 // (5 quads over 4) leaves the last rank without a quad; at 33..64 tokens (40 and 64 here) it runs
-// unsplit with two tiles a warp, N = 8216 ending on a tile of the warp's pair past N.
+// unsplit with two tiles a warp, N = 8216 ending on a tile of the warp's pair past N. At 9..32 tokens
+// the GEMM applies the scale per stage (groups of 128), so the last three cases repeat GEMM shapes
+// with zero points, whose integers nibble - zero it then multiplies unscaled.
 TEST_P(CudaOps, Int4LinearLongRows) {
-  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 96, 4096}, {9, 40, 4096}, {4, 16, 14336},
-                         {16, 24, 14336}, {24, 40, 4096}, {64, 24, 14336}, {12, 8200, 1024}, {30, 8200, 1024},
-                         {40, 8216, 1024}, {64, 8200, 1024}, {1, 4100, 5120},
-                         {3, 4100, 5120}, {16, 17408, 256}, {40, 9216, 512}, {20, 2560, 640}}) {
-    const Int4Weight w = random_int4(rng_, N, K, 128, false, false, dt_);
+  for (auto [T, N, K, zeros] :
+       {std::tuple<int64_t, int64_t, int64_t, bool>{1, 96, 4096, false}, {9, 40, 4096, false}, {4, 16, 14336, false},
+        {16, 24, 14336, false}, {24, 40, 4096, false}, {64, 24, 14336, false}, {12, 8200, 1024, false},
+        {30, 8200, 1024, false}, {40, 8216, 1024, false}, {64, 8200, 1024, false}, {1, 4100, 5120, false},
+        {3, 4100, 5120, false}, {16, 17408, 256, false}, {40, 9216, 512, false}, {20, 2560, 640, false},
+        {12, 8200, 1024, true}, {16, 17408, 256, true}, {30, 9216, 512, true}}) {
+    const Int4Weight w = random_int4(rng_, N, K, 128, zeros, false, dt_);
     auto x = rnd(size_t(T * K));
     Side& g = *gpu_;
     Side& c = *cpu_;
@@ -81,7 +85,8 @@ TEST_P(CudaOps, Int4LinearLongRows) {
     gpu_be_->linear(g.m(g.put(x), T, K), w.put(g, dt_), nullptr, g.m(gy, T, N));
     cpu_be_->linear(c.m(c.put(x), T, K), w.put(c, dt_), nullptr, c.m(cy, T, N));
     expect_close(g.get(gy, size_t(T * N)), c.get(cy, size_t(T * N)), tol(),
-                 "int4 linear T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+                 "int4 linear T=" + std::to_string(T) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                     (zeros ? " zeros" : ""));
   }
 }
 

@@ -17,7 +17,10 @@
 // order (NT x 2 KB). A product with too few tiles to fill the GPU splits K over a cluster of C blocks,
 // whose sums meet in distributed shared memory and are added in rank order (deterministic). The
 // arithmetic per weight is the batch instances' own (Scaling::PerWeight: round((nibble - zero) *
-// scale) to the activation dtype, f32 accumulation), and the A and B fragments are theirs.
+// scale) to the activation dtype, f32 accumulation), and the A and B fragments are theirs; or, with
+// groups of 128+ (a stage's quad then lies in one group of each row), Scaling::PerSlot: the MMAs take
+// the exact integers nibble - zero into a stage's own f32 sums, each multiplied by its row's scale once
+// (an FFMA per sum instead of an HMUL2 per weight pair), as the one-token instance does.
 //
 // Needs (gemm_suits in int4_linear.cu): the weights in 8-row blocks (so K a multiple of 128; for
 // SwigluOut half the rows a multiple of 8, so that a tile's up rows are one block), a.xf = x in
@@ -60,7 +63,8 @@ constexpr int stage_bytes() {
   return BT * 1024 + NT * 2048;
 }
 
-template <typename T, class Out, int WN, int W, int NT, int ST, int C, bool kZeros>
+template <typename T, class Out, int WN, int W, int NT, int ST, int C, bool kZeros,
+          int4gemv::Scaling kScaling = int4gemv::Scaling::PerWeight>
 __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
   namespace ig = int4gemv;
   constexpr int BT = WN * W, kStage = stage_bytes<BT, NT>() / 16;  // uint4 per stage
@@ -174,6 +178,17 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
         qa[w] = ws[(2 * (warp * W + w)) * 32 + lane];
         qb[w] = ws[(2 * (warp * W + w) + 1) * 32 + lane];
       }
+      // PerSlot: this stage's sums (rows g: e 0, 1; g + 8: e 2, 3), scaled into acc after its MMAs.
+      constexpr bool kPerSlot = kScaling == ig::Scaling::PerSlot;
+      float sm[kPerSlot ? W : 1][kPerSlot ? NT : 1][4];
+      if constexpr (kPerSlot) {
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+#pragma unroll
+          for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sm[w][b][e] = 0.f;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint4 xw[NT];
@@ -186,11 +201,28 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
             const uint32_t wa4[4] = {qa[w].x, qa[w].y, qa[w].z, qa[w].w};
             const uint32_t wb4[4] = {qb[w].x, qb[w].y, qb[w].z, qb[w].w};
             uint32_t A[4];
-            ig::a_fragment<T>(sreg[s][w], wa4[j], wb4[j], h, A);
+            if constexpr (kPerSlot) {
+              ig::int_fragment<T>(wa4[j], wb4[j], sreg[s][w].zma, sreg[s][w].zmb, h, A);
 #pragma unroll
-            for (int b = 0; b < NT; ++b)
-              mma::Mma<T>::run(acc[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
+              for (int b = 0; b < NT; ++b)
+                mma::Mma<T>::run(sm[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
+            } else {
+              ig::a_fragment<T>(sreg[s][w], wa4[j], wb4[j], h, A);
+#pragma unroll
+              for (int b = 0; b < NT; ++b)
+                mma::Mma<T>::run(acc[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
+            }
           }
+        }
+      }
+      if constexpr (kPerSlot) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const float fa = ig::scale_f32<T>(sreg[s][w].sa), fb = ig::scale_f32<T>(sreg[s][w].sb);
+#pragma unroll
+          for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[w][b][e] = fmaf(sm[w][b][e], e < 2 ? fa : fb, acc[w][b][e]);
         }
       }
     }
@@ -242,11 +274,13 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
 
 // Launches the kernel for a (x already in fragment order at a.xf): a block per BT tiles, C blocks a
 // cluster along K, with programmatic dependent launch.
-template <typename T, class Out, int WN, int W, int NT, int ST, int C, bool kZeros>
+// kScaling PerSlot needs groups of 128+ (a.group_shift >= 7; the caller checks).
+template <typename T, class Out, int WN, int W, int NT, int ST, int C, bool kZeros,
+          int4gemv::Scaling kScaling = int4gemv::Scaling::PerWeight>
 void launch_gemm(const Args& a, cudaStream_t s) {
   constexpr int BT = WN * W;
   constexpr int smem = ST * stage_bytes<BT, NT>();
-  auto kern = gemm_kernel<T, Out, WN, W, NT, ST, C, kZeros>;
+  auto kern = gemm_kernel<T, Out, WN, W, NT, ST, C, kZeros, kScaling>;
   // The shared-memory allowance is the function's on each device: set once per device.
   static std::mutex mu;
   static std::set<int> sized;
