@@ -28,6 +28,8 @@
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
 // loads, " ws" the scale per slot, " z0" no zero points, " B" the weights in 8-row blocks (backend.h's
 // Int4Layout::Blocks8, as the CUDA backend re-lays them; "lib B" the launcher given such a weight),
+// " BP" the same blocks with each word's nibbles paired (int4gemv::kernel's kPairedNibbles: x's own
+// pairs are the B fragments; a lab layout the library does not write),
 // "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
 // tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_kernel.cuh's pipelined
 // GEMM for 9..64 tokens (WN warps of W tiles a block, NT token blocks, ST stages, K split over C
@@ -74,7 +76,7 @@ template <int S, int U, int R, bool P, int NT = 1, int W = 1, Scaling Sc = Scali
 Design design() {
   Design d;
   d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "") + tiles_name(W) +
-           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0") + (Layout == 2 ? " B" : "");
+           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0") + (Layout == 2 ? " B" : Layout == 3 ? " BP" : "");
   d.layout = Layout;
   d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
   d.max_tokens = 8 * NT;
@@ -83,7 +85,7 @@ Design design() {
   d.exact = Sc == Scaling::PerSlot;
   d.launch = [](const Args& a, cudaStream_t s) {
     using Sp = Split<S, U, R, P, W>;
-    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, false, PlainOut, Z, Sc>,
+    ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, false, PlainOut, Z, Sc, Layout == 3>,
                         dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
   };
   return d;
@@ -97,6 +99,7 @@ void add_scalings(std::vector<Design>& v) {
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerWeight, false>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false>());
   v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false, 2>());
+  v.push_back(design<S, U, R, P, 1, 1, Scaling::PerSlot, false, 3>());
 }
 
 // int4_stream_lab.cuh's designs (symmetric weights, one token block, the scale per slot): "reg S4 U4
@@ -340,9 +343,12 @@ int main(int argc, char** argv) {
     };
     // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 int4_stream_lab.cuh's tiles, 2 8-row
     // blocks, for the designs that read them; N and K multiples of 16 and 128 here).
-    uint8_t* pools[3] = {upload_pool(hw), nullptr, nullptr};
+    // 3: 8-row blocks with each word's nibbles paired (int4_stream_lab.cuh's pair_nibbles).
+    uint8_t* pools[4] = {upload_pool(hw), nullptr, nullptr, nullptr};
     for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l)
       pools[l] = upload_pool(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2));
+    if (pools[2])
+      pools[3] = upload_pool(ingot::lab::int4stream::pair_nibbles(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, true)));
     bf16 *x, *y;  // [T, K], [T, N]
     void* xf;     // x in fragment order (the 4- and 8-block instances), as the library's scratch
     ck(cudaMalloc(&xf, size_t(ingot::cuda::int4gemv::xfrag_bytes(sh.K, 8))), "malloc");
@@ -405,7 +411,7 @@ int main(int argc, char** argv) {
         const uint8_t* base = pools[d.layout] + size_t(c) * copy;
         // The library's map of the layout (the lab's own tiles, layout 1, ignore it).
         const auto wm = ingot::cuda::int4gemv::WeightMap::of(
-            d.layout == 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows, sh.K / 2, sh.K);
+            d.layout >= 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows, sh.K / 2, sh.K);
         d.launch(Args{x, sh.K, base, wm, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);

@@ -339,8 +339,12 @@ inline unsigned grid_blocks(const Args& a) {
 // weights without zero points (symmetric, zero 8; a.zeros null) the instance loads none and its
 // 2^e + 8 pattern is a constant, which takes a byte load, a broadcast and a test per slot and row off
 // the loop; true reads a.zeros where it is set.
+// kPairedNibbles (a lab layout, one token block only; bench/int4_lab.cu's " BP" designs): each 32-bit
+// word holds its 8 columns in the nibble order 0 2 4 6 1 3 5 7, so the pair a shift and a mask give
+// (nibbles c, c + 4) is the column pair (2c, 2c + 1) and the B fragment is x's own pairs, no byte
+// permutes (16 a slot of the one-token loop's ~140 instructions).
 template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true,
-          Scaling kScaling = Scaling::PerWeight>
+          Scaling kScaling = Scaling::PerWeight, bool kPairedNibbles = false>
 __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
   constexpr bool kPipe = Sp::P;
@@ -348,6 +352,7 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   static_assert(NT > 1 || W == 1, "several tiles a warp share x across token blocks");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
   static_assert(NT == 1 || kScaling == Scaling::PerWeight, "scales per slot: one token block only");
+  static_assert(NT == 1 || !kPairedNibbles, "the paired nibble order: one token block only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int r = warp / S, part = warp % S;
   // The warp's first output (tile w's at n0 + w * kSpan).
@@ -508,7 +513,8 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
           if constexpr (kScaling == Scaling::PerWeight) a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
           else int_fragment<T>(wa4[j], wb4[j], sl[u].zma, sl[u].zmb, h, A);
           uint32_t B[2];
-          b_fragments(r0, r1, r2, r3, h, B);
+          if constexpr (kPairedNibbles) B[0] = h ? r2 : r0, B[1] = h ? r3 : r1;
+          else b_fragments(r0, r1, r2, r3, h, B);
           mma::Mma<T>::run(dst[h], A, B[0], B[1]);
         }
       }
