@@ -321,6 +321,88 @@ TEST(CpuArgmaxPart, MergedPartsAreTheArgmaxOfTheRow) {
   EXPECT_EQ(p.value, 2.0f);
 }
 
+// The sample op split over ranks (sample_part on each rank's columns, sample_merge of the gathered
+// lists) against the sample op over the whole row: the same picks, the same marks, counts and draw
+// counters, for settings the split takes (greedy, top_k 1..kSampleCandidates with top-p, min-p and the
+// penalties on or off), rows with ties, a NaN or +inf logit, -inf columns and no finite logit, a
+// vocabulary cut into 1..4 uneven ranges, over several draws; and a setting it does not take refused.
+TEST(CpuSampleSplit, MergedCandidatesDrawWhatTheWholeRowDraws) {
+  auto be = make_cpu_backend(1);
+  ASSERT_TRUE(be->sample_split());
+  const int64_t V = 1000, R = 6;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits(size_t(R * V));
+  for (float& x : logits) x = nd(rng);
+  for (int64_t j = 0; j < V; j += 7) logits[size_t(1 * V + j)] = 3.0f;  // row 1: many ties at the top
+  logits[size_t(2 * V + 640)] = NAN;                                     // row 2: poisoned on one rank
+  for (int64_t j = 0; j < V / 2; ++j) logits[size_t(3 * V + j)] = -INFINITY;  // row 3: -inf columns
+  for (int64_t j = 0; j < V; ++j) logits[size_t(4 * V + j)] = -INFINITY;      // row 4: nothing finite
+  logits[size_t(5 * V + 999)] = INFINITY;                                      // row 5: +inf
+  const std::vector<SampleParams> settings = {
+      {0.0f, 0, 1.0f, 0.0f, 1.0f, 1},           {0.8f, 1, 1.0f, 0.0f, 1.0f, 2},
+      {0.8f, 40, 0.9f, 0.0f, 1.0f, 3},          {1.3f, 64, 1.0f, 0.05f, 1.0f, 4},
+      {0.7f, 20, 0.5f, 0.1f, 1.3f, 5, 0.4f, 0.3f}, {2.0f, 7, 0.95f, 0.0f, 1.1f, 6, 0.0f, 1.0f}};
+  int cases = 0;
+  for (int world = 1; world <= 4; ++world) {
+    // Uneven cuts: rank w starts at from[w].
+    std::vector<int64_t> from = {0};
+    for (int w = 1; w < world; ++w) from.push_back(V * w / world + (w % 2 ? 13 : -29));
+    from.push_back(V);
+    for (const SampleParams& sp : settings) {
+      ASSERT_TRUE(sampling::split_draw_suits(sp));
+      std::vector<SampleParams> params(size_t(R), sp);
+      std::vector<uint8_t> seen_a(size_t(R * V)), seen_b;
+      std::vector<int32_t> counts_a(size_t(R * V)), counts_b;
+      for (size_t i = 0; i < seen_a.size(); i += 11) seen_a[i] = 1, counts_a[i] = int32_t(i % 3);
+      seen_b = seen_a, counts_b = counts_a;
+      std::vector<uint32_t> step_a(size_t(R), 5), step_b(size_t(R), 5);
+      auto state = [&](std::vector<uint8_t>& seen, std::vector<int32_t>& counts, std::vector<uint32_t>& step) {
+        SampleState st;
+        st.params = params.data();
+        st.step = step.data();
+        st.seen = seen.data();
+        st.seen_ld = V;
+        st.counts = counts.data();
+        st.counts_ld = V;
+        return st;
+      };
+      for (int draw = 0; draw < 4; ++draw) {
+        std::vector<int32_t> want(static_cast<size_t>(R)), got(static_cast<size_t>(R), 77);
+        be->sample(mat(logits.data(), DType::F32, R, V), state(seen_a, counts_a, step_a), want.data());
+        std::vector<SampleCandidate> parts(size_t(world * R * kSampleCandidates));
+        const SampleState st = state(seen_b, counts_b, step_b);
+        for (int w = 0; w < world; ++w)
+          be->sample_part(Mat{logits.data() + from[size_t(w)], DType::F32, R, from[size_t(w) + 1] - from[size_t(w)], V},
+                          from[size_t(w)], st, parts.data() + w * R * kSampleCandidates);
+        be->sample_merge(parts.data(), R, world, st, got.data());
+        EXPECT_EQ(got, want) << "world " << world << " temperature " << sp.temperature << " top_k " << sp.top_k
+                             << " draw " << draw;
+        EXPECT_EQ(want[2], sampling::kNoToken);
+        EXPECT_EQ(want[4], sampling::kNoToken);
+        EXPECT_EQ(want[5], sampling::kNoToken);
+        ++cases;
+      }
+      EXPECT_EQ(seen_b, seen_a);
+      EXPECT_EQ(counts_b, counts_a);
+      EXPECT_EQ(step_b, step_a);
+    }
+  }
+  EXPECT_EQ(cases, 4 * 6 * 4);
+  // top_k 0 with a positive temperature needs the whole row: not split, and refused if merged.
+  SampleParams whole{0.8f, 0, 0.9f};
+  EXPECT_FALSE(sampling::split_draw_suits(whole));
+  EXPECT_FALSE(sampling::split_draw_suits(SampleParams{0.8f, kSampleCandidates + 1}));
+  std::vector<SampleCandidate> one(static_cast<size_t>(kSampleCandidates));
+  uint32_t step = 0;
+  SampleState st;
+  st.params = &whole;
+  st.step = &step;
+  int32_t out = 0;
+  be->sample_part(mat(logits.data(), DType::F32, 1, V), 0, st, one.data());
+  EXPECT_THROW(be->sample_merge(one.data(), 1, 1, st, &out), Error);
+}
+
 TEST(CpuSampleOp, StateRowsSeenMarksAndDrawCounters) {
   auto be = make_cpu_backend(2);
   const int64_t V = 300, R = 3;

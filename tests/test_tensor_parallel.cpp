@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "dist/in_process.h"
 #include "dist/rank_threads.h"
 #include "io/engine.h"
@@ -532,6 +534,19 @@ TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
   EXPECT_EQ(greedy(one, {5, 6, 7}, 6), greedy(tp, {5, 6, 7}, 6));
 }
 
+// The split-pick tests' two prompts (rows 0 and 1, 5 and 3 tokens) launched on one rank and on the
+// split model: the picks, which must be equal.
+std::vector<int32_t> launch_two_prompts(Model& one, Model& tp) {
+  Batch prompt;
+  prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
+  prompt.rows.push_back(BatchRow{1, {9, 8, 7}, 0, {}, false});
+  one.launch_forward(prompt);
+  tp.launch_forward(prompt);
+  const std::vector<int32_t> t1 = one.finish_launch(), t2 = tp.finish_launch();
+  EXPECT_EQ(t1, t2) << "the prompts' picks";
+  return t1;
+}
+
 // Greedy steps of a split model pick from each rank's share of the vocabulary without gathering the
 // logits; decode_logprobs gathers them afterwards, from the head's input the step left: the same
 // log-probabilities as one rank's (f32 tolerance), after a decode step and after a launch_forward, and a
@@ -552,13 +567,7 @@ TEST(TensorParallelModel, LogprobsAfterASplitPickMatchOneRank) {
     for (size_t i = 0; i < a.chosen.size(); ++i) EXPECT_NEAR(a.chosen[i], b.chosen[i], 1e-4f) << what;
     for (size_t i = 0; i < a.top.size(); ++i) EXPECT_NEAR(a.top[i], b.top[i], 1e-4f) << what;
   };
-  Batch prompt;
-  prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
-  prompt.rows.push_back(BatchRow{1, {9, 8, 7}, 0, {}, false});
-  one.launch_forward(prompt);
-  tp.launch_forward(prompt);
-  std::vector<int32_t> t1 = one.finish_launch(), t2 = tp.finish_launch();
-  ASSERT_EQ(t1, t2);
+  std::vector<int32_t> t1 = launch_two_prompts(one, tp), t2 = t1;
   expect_same("launch_forward");
   std::vector<int64_t> at = {5, 3};
   for (int step = 0; step < 4; ++step) {
@@ -574,6 +583,67 @@ TEST(TensorParallelModel, LogprobsAfterASplitPickMatchOneRank) {
     ASSERT_EQ(t1, t2) << "step " << step;
     if (step != 1) expect_same("decode step " + std::to_string(step));  // step 1: logits left ungathered
     for (int64_t& i : at) ++i;
+  }
+}
+
+// Drawn steps of a split model whose rows all keep at most kSampleCandidates candidates (top_k set)
+// draw from the ranks' candidate lists without gathering the logits (rank 0's backend sees sample_part,
+// never the whole-row sample op): the same tokens as one rank's, prompt and decode steps, with the
+// penalties, top-p and min-p on; decode_logprobs afterwards gathers and matches; a row of top_k 0 then
+// makes its steps gather and draw over whole rows, still as one rank does.
+TEST(TensorParallelModel, SplitDrawMatchesOneRank) {
+  struct Counting : ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    int parts = 0, whole = 0;
+    void sample_part(const Mat& l, int64_t off, const SampleState& st, SampleCandidate* o) override {
+      ++parts;
+      ForwardingBackend::sample_part(l, off, st, o);
+    }
+    void sample(const Mat& l, const SampleState& st, int32_t* o) override {
+      ++whole;
+      ForwardingBackend::sample(l, st, o);
+    }
+  };
+  Engine eng = build_engine(test::fixture("llama3"));
+  for (int world : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(world));
+    RuntimeOptions rt;
+    rt.max_batch = 2;
+    rt.capacity = 32;
+    auto be1 = make_cpu_backend();
+    Counting be(make_cpu_backend());
+    Model one(eng, *be1, rt);
+    rt.tp = world;
+    Model tp(eng, be, rt);
+    SamplingParams a, b;
+    a.temperature = 0.8f, a.top_k = 5, a.top_p = 0.9f, a.repetition_penalty = 1.2f, a.seed = 11;
+    b.temperature = 1.1f, b.top_k = 40, b.min_p = 0.02f, b.frequency_penalty = 0.3f, b.seed = 12;
+    for (Model* m : {&one, &tp}) m->set_sampling(0, a), m->set_sampling(1, b);
+    std::vector<int32_t> t1 = launch_two_prompts(one, tp), t2 = t1;
+    std::vector<int64_t> at = {5, 3};
+    std::vector<int32_t> drawn;
+    for (int step = 0; step < 8; ++step) {
+      if (step == 6) {
+        b.top_k = 0;
+        one.set_sampling(1, b);
+        tp.set_sampling(1, b);
+        EXPECT_EQ(be.whole, 0) << "a step of top_k rows gathered its logits";
+        EXPECT_GE(be.parts, 7);
+      }
+      t1 = one.decode({0, 1}, t1, at);
+      t2 = tp.decode({0, 1}, t2, at);
+      ASSERT_EQ(t1, t2) << "step " << step;
+      drawn.insert(drawn.end(), t1.begin(), t1.end());
+      if (step == 3) {
+        const Model::StepLogprobs x = one.decode_logprobs(3), y = tp.decode_logprobs(3);
+        EXPECT_EQ(x.top_ids, y.top_ids);
+        for (size_t i = 0; i < x.chosen.size(); ++i) EXPECT_NEAR(x.chosen[i], y.chosen[i], 1e-4f);
+      }
+      for (int64_t& i : at) ++i;
+    }
+    EXPECT_GT(be.whole, 0) << "the top_k 0 row's steps drew over whole rows";
+    // The draws are draws: the tokens are not one token repeated.
+    EXPECT_GT(std::set<int32_t>(drawn.begin(), drawn.end()).size(), size_t(3));
   }
 }
 

@@ -208,6 +208,20 @@ struct ArgmaxPart {
 };
 constexpr int32_t kPartNoFinite = -1, kPartPoisoned = -2;
 
+// One rank's share of a drawn pick over a vocabulary split across ranks: its kSampleCandidates best
+// columns by the sampler's order (backend/sampling.h: composite(order_key(score), id), descending),
+// key 0 past its last column. A row whose setting keeps at most kSampleCandidates candidates (greedy,
+// or top_k in 1..kSampleCandidates: sampling::split_draw_suits) is decided by the first top_k of the
+// whole row's order, which lie inside the union of the ranks' lists, so merging the lists decides it
+// exactly as the sample op over the whole row.
+constexpr int kSampleCandidates = 64;
+struct SampleCandidate {
+  uint64_t key = 0;    // composite(order_key(score), global id); 0: none
+  float score = 0.0f;  // the penalised, tempered score (step 1)
+  int32_t flag = 0;    // on a row's first candidate: kPartPoisoned (a NaN or +inf logit here),
+                       // kPartNoFinite (no finite logit here), else 0
+};
+
 // A recorded sequence of ops replayed as one unit (a CUDA graph). Everything that changes between
 // replays must live in backend buffers the ops read, never in the recorded arguments.
 class Graph {
@@ -342,6 +356,22 @@ class Backend {
   // given) and advances step. A row without a pick (as for argmax) gives -1 (sampling::kNoToken),
   // marks and counts nothing and still advances step.
   virtual void sample(const Mat& logits, const SampleState& st, int32_t* out) = 0;
+  // The sample op split over ranks, where sample_split() is true: sample_part writes out [rows,
+  // kSampleCandidates] = this rank's SampleCandidates of each logits row, whose column j is vocabulary
+  // entry offset + j (the penalties read seen and counts at offset + j); once every rank's are gathered
+  // ([world, rows, kSampleCandidates], rank-major), sample_merge gives out[i], marks, counts and
+  // advances exactly as sample over the whole row would. Only for rows whose setting
+  // sampling::split_draw_suits (any other is an error: it needs the whole row). Backend memory.
+  virtual bool sample_split() const { return false; }
+  virtual void sample_part(const Mat& logits, int64_t offset, const SampleState& st, SampleCandidate* out) {
+    (void)logits, (void)offset, (void)st, (void)out;
+    throw Error("this backend has no split sampling (sample_part)");
+  }
+  virtual void sample_merge(const SampleCandidate* parts, int64_t rows, int world, const SampleState& st,
+                            int32_t* out) {
+    (void)parts, (void)rows, (void)world, (void)st, (void)out;
+    throw Error("this backend has no split sampling (sample_merge)");
+  }
   // Log-probabilities of the raw logits (log_softmax, no temperature or penalty), defined in
   // backend/logprobs.h: per row i, chosen_lp[i] = logits[i, chosen[i]] - logsumexp(logits[i, :]) (NaN
   // when chosen[i] is not a token, e.g. kNoToken), and the top_n (0..kMaxTopLogprobs) most likely

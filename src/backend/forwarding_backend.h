@@ -53,6 +53,13 @@ class ForwardingBackend : public Backend {
   void argmax_part(const Mat& l, int64_t off, ArgmaxPart* o) override { in_->argmax_part(l, off, o); }
   void argmax_merge(const ArgmaxPart* p, int64_t r, int w, int32_t* o) override { in_->argmax_merge(p, r, w, o); }
   void sample(const Mat& l, const SampleState& st, int32_t* o) override { in_->sample(l, st, o); }
+  bool sample_split() const override { return in_->sample_split(); }
+  void sample_part(const Mat& l, int64_t off, const SampleState& st, SampleCandidate* o) override {
+    in_->sample_part(l, off, st, o);
+  }
+  void sample_merge(const SampleCandidate* p, int64_t r, int w, const SampleState& st, int32_t* o) override {
+    in_->sample_merge(p, r, w, st, o);
+  }
   void logprobs(const Mat& l, const int32_t* c, int n, float* clp, int32_t* ti, float* tl) override {
     in_->logprobs(l, c, n, clp, ti, tl);
   }

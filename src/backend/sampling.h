@@ -259,6 +259,23 @@ inline int32_t sample_row(const float* logits, int64_t vocab, const SampleParams
   return sample_row(logits, vocab, p, seen, nullptr, step);
 }
 
+// The sample op split over ranks (Backend::sample_part / sample_merge; SampleCandidate in backend.h).
+// Whether the merged candidate lists decide a row of this setting: the argmax (temperature <= 0) or a
+// top-k of at most kSampleCandidates. top_k = 0 with a positive temperature draws over every token
+// in reach of the top, which only the whole row holds.
+INGOT_HD bool split_draw_suits(const SampleParams& p) {
+  return !(p.temperature > 0.0f) || (p.top_k >= 1 && p.top_k <= kSampleCandidates);
+}
+// This rank's kSampleCandidates candidates of one row: columns [offset, offset + cols) of the
+// vocabulary at logits[0, cols), seen and counts indexed by vocabulary entry (each may be null), as
+// step 1 scores them; out[0].flag marks a poisoned row or one without a finite logit here.
+void sample_part_row(const float* logits, int64_t cols, int64_t offset, const SampleParams& p, const uint8_t* seen,
+                     const int32_t* counts, SampleCandidate* out);
+// The row's pick from its ranks' lists parts[0], parts[stride], ... (kSampleCandidates each): what
+// sample_row gives over the whole row, for a setting split_draw_suits (an Error otherwise).
+int32_t merge_sample_parts(const SampleCandidate* parts, int64_t stride, int world, const SampleParams& p,
+                           uint32_t step);
+
 // The argmax op on one row: the lowest index of the maximum, or kNoToken for a row with a NaN or +inf
 // logit or none finite.
 inline int32_t argmax_row(const float* logits, int64_t vocab) {

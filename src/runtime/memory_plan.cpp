@@ -51,7 +51,8 @@ bool linear_weight(const ModelSpec& s, const WeightSpec& w) {
 
 size_t WorkspacePlan::total() const {
   return 3 * hidden + qkv + attn + gate_up + act + conv + 7 * token_meta + gathered + logits + next_tokens + sample_params +
-         sample_step + sample_seen + sample_counts + logprobs + inv_freq + linear_scratch + tp_logits + tp_index + tp_parts;
+         sample_step + sample_seen + sample_counts + logprobs + inv_freq + linear_scratch + tp_logits + tp_index + tp_parts +
+         tp_cands;
 }
 
 std::string format_bytes(double bytes) {
@@ -148,12 +149,13 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
     w.tp_logits = z.mul({s.tp.world, L, s.tp.vocab_rows, as});
     w.tp_index = z.mul({L, int64_t(sizeof(int32_t))});
     w.tp_parts = z.mul({s.tp.world, L, int64_t(sizeof(ArgmaxPart))});
+    w.tp_cands = z.mul({s.tp.world, L, kSampleCandidates, int64_t(sizeof(SampleCandidate))});
   }
   size_t ws = 0;
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,
                    w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.token_meta, w.gathered, w.logits, w.next_tokens,
                    w.sample_params, w.sample_step, w.sample_seen, w.sample_counts, w.logprobs, w.inv_freq,
-                   w.linear_scratch, w.tp_logits, w.tp_index, w.tp_parts})
+                   w.linear_scratch, w.tp_logits, w.tp_index, w.tp_parts, w.tp_cands})
     ws = z.add(ws, b);
   p.workspace = ws;
   z.add(z.add(p.weights, p.cache), p.workspace);

@@ -49,8 +49,10 @@ struct WorkspacePlan {
   // backend (Backend::reserve_linear_scratch), not by the Model. 0 where the backend needs none.
   size_t linear_scratch = 0;
   // A tensor-parallel rank (spec.tp.world > 1): [world, max_logit_rows, vocab_rows] every rank's LM-head
-  // rows gathered, and [max_logit_rows] int32 row indices 0, 1, ... that lay them out into the logits.
-  size_t tp_logits = 0, tp_index = 0, tp_parts = 0;
+  // rows gathered, and [max_logit_rows] int32 row indices 0, 1, ... that lay them out into the logits;
+  // a split pick's parts: [world, max_logit_rows] ArgmaxPart (greedy), [world, max_logit_rows,
+  // kSampleCandidates] SampleCandidate (drawn).
+  size_t tp_logits = 0, tp_index = 0, tp_parts = 0, tp_cands = 0;
   size_t total() const;
 };
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/logprobs.h"
+#include "backend/sampling.h"
 #include "core/error.h"
 #include "dist/watchdog.h"
 #include "models/rope.h"
@@ -141,12 +142,18 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
     for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
     be_.upload(tp_index_.get(), iota.data(), iota.size() * sizeof(int32_t));
     ws(tp_parts_, w.tp_parts);
+    ws(tp_cands_, w.tp_cands);
     // A rank whose vocabulary rows are all padding (a vocabulary under world^2 entries) has no part to
-    // compute: its slot keeps "no finite logit" and only the gather overwrites it, with itself.
+    // compute: its slot keeps "no finite logit" (and no candidate) and only the gather overwrites it,
+    // with itself.
     if (vocab_cols(s.tp.rank) <= 0) {
       const std::vector<ArgmaxPart> none(size_t(opt_.max_logit_rows));
       be_.upload(tp_parts_.as<ArgmaxPart>() + size_t(s.tp.rank) * none.size(), none.data(),
                  none.size() * sizeof(ArgmaxPart));
+      std::vector<SampleCandidate> no_cands(size_t(opt_.max_logit_rows) * kSampleCandidates);
+      for (size_t r = 0; r < size_t(opt_.max_logit_rows); ++r) no_cands[r * kSampleCandidates].flag = kPartNoFinite;
+      be_.upload(tp_cands_.as<SampleCandidate>() + size_t(s.tp.rank) * no_cands.size(), no_cands.data(),
+                 no_cands.size() * sizeof(SampleCandidate));
     }
   }
   if (group_) group_->start_peers(options);
@@ -320,8 +327,8 @@ Model::StepLogprobs Model::decode_logprobs_local(int top_n) {
   if (!launched_.empty()) throw Error("decode_logprobs: a launched step is not finished (its logits are not this step's)");
   const int64_t L = opt_.max_logit_rows;
   const Watchdog::Wait wait(wait_watchdog());
-  // A split greedy pick left the logits on the ranks: gather them now, from the head's input the step
-  // left (the picks stay as they were: the same products give the same logits).
+  // A split pick left the logits on the ranks: gather them now, from the head's input the step left
+  // (the picks stay as they were: the same products give the same logits).
   if (!logits_gathered_) {
     head(mat(head_input_->get(), be_.activation_dtype(), n, spec_.hidden), n);
     logits_gathered_ = true;
@@ -363,29 +370,32 @@ void Model::head(const Mat& g, int64_t n) {
   }
 }
 
-void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled) {
-  if (!split_pick(sampled)) {
+void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, Pick how) {
+  if (!split(how)) {
     head(g, n);
-    return pick(n, rows, sampled);
+    return pick(n, rows, how == Pick::Draw);
   }
   const DType adt = be_.activation_dtype();
   const int64_t vrows = spec_.tp.vocab_rows, rank = spec_.tp.rank, cols = vocab_cols(rank);
-  ArgmaxPart* parts = tp_parts_.as<ArgmaxPart>();  // [world, n] for this call
-  if (cols > 0) {
-    const Mat mine = mat(tp_logits_.get(), adt, n, vrows);  // [n, vocab_rows] this rank's LM-head rows
-    lm_head(be_, weights_, g, mine);
-    be_.argmax_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, parts + rank * n);
-  }
-  comm_->all_gather(parts + rank * n, parts, size_t(n) * sizeof(ArgmaxPart));
-  be_.argmax_merge(parts, n, int(spec_.tp.world), next_tokens_.as<int32_t>());
-}
-
-void Model::pick(int64_t n, const int32_t* rows, bool sampled) {
-  Mat lg = mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab);
-  if (!sampled) {
-    be_.argmax(lg, next_tokens_.as<int32_t>());
+  const int world = int(spec_.tp.world);
+  const Mat mine = mat(tp_logits_.get(), adt, n, vrows);  // [n, vocab_rows] this rank's LM-head rows
+  if (cols > 0) lm_head(be_, weights_, g, mine);
+  if (how == Pick::SplitArgmax) {
+    ArgmaxPart* parts = tp_parts_.as<ArgmaxPart>();  // [world, n] for this call
+    if (cols > 0) be_.argmax_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, parts + rank * n);
+    comm_->all_gather(parts + rank * n, parts, size_t(n) * sizeof(ArgmaxPart));
+    be_.argmax_merge(parts, n, world, next_tokens_.as<int32_t>());
     return;
   }
+  const SampleState st = sample_state(rows);
+  SampleCandidate* parts = tp_cands_.as<SampleCandidate>();  // [world, n, kSampleCandidates] for this call
+  const int64_t per_rank = n * kSampleCandidates;
+  if (cols > 0) be_.sample_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, st, parts + rank * per_rank);
+  comm_->all_gather(parts + rank * per_rank, parts, size_t(per_rank) * sizeof(SampleCandidate));
+  be_.sample_merge(parts, n, world, st, next_tokens_.as<int32_t>());
+}
+
+SampleState Model::sample_state(const int32_t* rows) {
   SampleState st;
   st.row = rows;
   st.params = sample_params_.as<SampleParams>();
@@ -394,19 +404,38 @@ void Model::pick(int64_t n, const int32_t* rows, bool sampled) {
   st.seen_ld = spec_.vocab;
   st.counts = sample_counts_.as<int32_t>();
   st.counts_ld = spec_.vocab;
-  be_.sample(lg, st, next_tokens_.as<int32_t>());
+  return st;
+}
+
+void Model::pick(int64_t n, const int32_t* rows, bool drawn) {
+  Mat lg = mat(logits_.get(), be_.activation_dtype(), n, spec_.vocab);
+  if (!drawn) {
+    be_.argmax(lg, next_tokens_.as<int32_t>());
+    return;
+  }
+  be_.sample(lg, sample_state(rows), next_tokens_.as<int32_t>());
 }
 
 bool Model::any_sampled(const std::vector<int>& rows) const {
   return std::any_of(rows.begin(), rows.end(), [&](int r) { return !row_sampling_[size_t(r)].greedy(); });
 }
 
-void Model::decode_body(int64_t n, bool sampled) {
+Model::Pick Model::pick_for(const std::vector<int>& rows) const {
+  const bool drawn = any_sampled(rows);
+  if (!comm_) return drawn ? Pick::Draw : Pick::Argmax;
+  if (!drawn) return Pick::SplitArgmax;
+  const bool suits = be_.sample_split() && std::all_of(rows.begin(), rows.end(), [&](int r) {
+                       return sampling::split_draw_suits(row_sampling_[size_t(r)].to_backend());
+                     });
+  return suits ? Pick::SplitDraw : Pick::Draw;
+}
+
+void Model::decode_body(int64_t n, Pick how) {
   const DType adt = be_.activation_dtype();
   // Grid sizes may not depend on this step's lengths: bound attention by the capacity.
   run_decoder(n, int(state_.capacity()), int(n));
   // one token per row: the token's cache row is the state row
-  head_pick(mat(h_.get(), adt, n, spec_.hidden), n, row_.as<int32_t>(), sampled);
+  head_pick(mat(h_.get(), adt, n, spec_.hidden), n, row_.as<int32_t>(), how);
 }
 
 void Model::feed_tokens(const Batch& batch, const std::vector<int32_t>& feed) {
@@ -476,9 +505,9 @@ void Model::launch_forward_local(const Batch& batch, const std::vector<int32_t>&
   feed_tokens(batch, feed);
   if (n > 0) be_.upload(next_tokens_.as<int32_t>() + opt_.max_batch, p.out_row.data(), p.out_row.size() * sizeof(int32_t));
   advance_lengths(batch);
-  const bool sampled = n > 0 && any_sampled(std::vector<int>(p.out_row.begin(), p.out_row.end()));
+  const Pick how = n > 0 ? pick_for(std::vector<int>(p.out_row.begin(), p.out_row.end())) : Pick::Argmax;
   const int rows = p.rows, single_rows = p.single_rows;
-  auto body = [this, T, n, rows, single_rows, sampled] {
+  auto body = [this, T, n, rows, single_rows, how] {
     // Grid sizes may not depend on this call's lengths (the body may be a graph replayed for another
     // call of the same shape): attention is bounded by the capacity, as decode's is.
     run_decoder(T, int(state_.capacity()), rows, single_rows);
@@ -486,12 +515,12 @@ void Model::launch_forward_local(const Batch& batch, const std::vector<int32_t>&
       const DType adt = be_.activation_dtype();
       Mat g = mat(gathered_.get(), adt, n, spec_.hidden);  // n <= max_batch <= max_logit_rows: one pass
       be_.gather_rows(mat(h_.get(), adt, T, spec_.hidden), out_idx_.as<int32_t>(), g);
-      head_pick(g, n, next_tokens_.as<int32_t>() + opt_.max_batch, sampled);
+      head_pick(g, n, next_tokens_.as<int32_t>() + opt_.max_batch, how);
     }
   };
-  logits_gathered_ = !split_pick(sampled);
+  logits_gathered_ = !split(how);
   head_input_ = &gathered_;
-  run_forward_graph(ForwardShape{T, rows, single_rows, n, sampled}, body);
+  run_forward_graph(ForwardShape{T, rows, single_rows, n, how}, body);
   launch_readback(n);
 }
 
@@ -567,20 +596,20 @@ void Model::launch_decode_local(const std::vector<int>& rows, const std::vector<
   upload_meta(prepare(b));  // validates rows, capacity and vocabulary before any compute
   feed_tokens(b, feed);
   advance_lengths(b);
-  const bool sampled = any_sampled(rows);
-  logits_gathered_ = !split_pick(sampled);
+  const Pick how = pick_for(rows);
+  logits_gathered_ = !split(how);
   head_input_ = &h_;
   if (opt_.use_graphs) {
-    const std::pair<int64_t, bool> key{n, sampled};
+    const std::pair<int64_t, Pick> key{n, how};
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end()) {
-      std::unique_ptr<Graph> g = be_.capture([&] { decode_body(n, sampled); });
+      std::unique_ptr<Graph> g = be_.capture([&] { decode_body(n, how); });
       it = decode_graphs_.emplace(key, std::move(g)).first;
     }
     if (it->second) it->second->replay();
-    else decode_body(n, sampled);
+    else decode_body(n, how);
   } else {
-    decode_body(n, sampled);
+    decode_body(n, how);
   }
   launch_readback(n);
 }

@@ -123,7 +123,7 @@ class Model {
   // penalty or temperature; backend/logprobs.h) and each row's top_n (0..20) most likely tokens,
   // computed by the backend's logprobs op over the logits that step left in the workspace. Call it
   // right after decode(), only when a request asks: decode() itself never pays for it. Tensor parallel
-  // greedy steps pick without gathering the logits (split_pick); this gathers them first, so the ranks
+  // steps may pick without gathering the logits (Pick, below); this gathers them first, so the ranks
   // run it together, as they run decode.
   struct StepLogprobs {
     int top_n = 0;
@@ -188,17 +188,22 @@ class Model {
   // logits_ [n, vocab] = the LM head of g [n, hidden]: on a tensor-parallel rank its vocabulary rows,
   // then every rank's gathered and laid out side by side (the padding past the vocabulary dropped).
   void head(const Mat& g, int64_t n);
-  // Whether a step picks its tokens without gathering the logits: tensor parallel and greedy. Each
-  // rank then takes its vocabulary rows' argmax and the ranks exchange one (value, index) a row.
-  bool split_pick(bool sampled) const { return comm_ && !sampled; }
+  // How a step picks its tokens: the argmax, or a draw by each row's settings; on a tensor-parallel
+  // model without gathering the logits where it can (split): the argmax always (the ranks exchange one
+  // ArgmaxPart a row), a draw where the backend has the split ops and every row's setting suits them
+  // (sampling::split_draw_suits: the ranks exchange kSampleCandidates SampleCandidates a row).
+  enum class Pick : uint8_t { Argmax, Draw, SplitArgmax, SplitDraw };
+  Pick pick_for(const std::vector<int>& rows) const;
+  static bool split(Pick p) { return p == Pick::SplitArgmax || p == Pick::SplitDraw; }
   // The vocabulary entries among rank r's LM-head rows (the last ranks' rows past the vocabulary are
   // padding; <= 0 where a vocabulary under world^2 entries leaves a rank none).
   int64_t vocab_cols(int64_t r) const { return std::min(spec_.tp.vocab_rows, spec_.vocab - r * spec_.tp.vocab_rows); }
   // What a wait for this rank's collectives marks (Watchdog::Wait): the communicator's deadline, if any.
   Watchdog* wait_watchdog() const { return comm_ ? comm_->wait_watchdog() : nullptr; }
   // The LM head of g [n, hidden] and the picks: head() then pick(), or for a split pick this rank's
-  // rows, its ArgmaxPart of each, every rank's gathered and merged into next_tokens_.
-  void head_pick(const Mat& g, int64_t n, const int32_t* rows, bool sampled);
+  // rows, its part of each (ArgmaxPart or SampleCandidates), every rank's gathered and merged into
+  // next_tokens_.
+  void head_pick(const Mat& g, int64_t n, const int32_t* rows, Pick how);
   StepLogprobs decode_logprobs_local(int top_n);
   struct Prepared;
   Prepared prepare(const Batch& batch) const;
@@ -210,19 +215,20 @@ class Model {
   // op that writes their tokens into ids_ (uploaded by upload_meta, placeholders for fed rows).
   void feed_tokens(const Batch& batch, const std::vector<int32_t>& feed);
   void launch_readback(int64_t n);  // queues the read-back of this step's n picks
-  void decode_body(int64_t n, bool sampled);  // the ops of one decode step over n rows, up to the pick
+  void decode_body(int64_t n, Pick how);  // the ops of one decode step over n rows, up to the pick
   // What launch_forward's ops depend on besides buffers: tokens, rows, leading one-token rows, picks.
   struct ForwardShape {
     int64_t tokens = 0;
     int rows = 0, single_rows = 0;
     int64_t picks = 0;
-    bool sampled = false;
+    Pick pick = Pick::Argmax;
     auto operator<=>(const ForwardShape&) const = default;
   };
   // Runs a launch_forward body: directly, or as a graph captured for its shape (model.cpp says when).
   void run_forward_graph(const ForwardShape& shape, const std::function<void()>& body);
   // next_tokens_[i] = the pick from logits_ row i (of n) for cache row rows[i] (backend memory)
-  void pick(int64_t n, const int32_t* rows, bool sampled);
+  void pick(int64_t n, const int32_t* rows, bool drawn);
+  SampleState sample_state(const int32_t* rows);  // the sample ops' view of the sampling buffers
   bool any_sampled(const std::vector<int>& rows) const;
 
   // Ranks as processes led by rank 0 (lead_ranks, runtime/tp_lead.cpp).
@@ -265,6 +271,7 @@ class Model {
   Buffer tp_logits_;  // tensor parallel: [world, max_logit_rows, vocab_rows] every rank's LM-head rows
   Buffer tp_index_;   // tensor parallel: [max_logit_rows] int32 0, 1, 2, ...
   Buffer tp_parts_;   // tensor parallel: [world, max_logit_rows] ArgmaxPart, a split greedy pick's parts
+  Buffer tp_cands_;   // tensor parallel: [world, max_logit_rows, kSampleCandidates], a split draw's parts
   // [3, max_batch] int32: a step's picks; (launch_forward) their cache rows; (launch_*) the feed
   Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
@@ -280,7 +287,7 @@ class Model {
   Buffer* head_input_ = nullptr;
   int64_t picks_rows_ = 0;        // picks next_tokens_ holds (or will, once the launched steps run)
   std::vector<SamplingParams> row_sampling_;  // what sample_params_ holds
-  std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, sampled
+  std::map<std::pair<int64_t, Pick>, std::unique_ptr<Graph>> decode_graphs_;  // by row count, pick
   // launch_forward's graphs: at most kForwardGraphsMax, the least recently used replaced; a shape is
   // captured the second time it is seen (forward_seen_: shapes seen once, forgotten past kForwardSeenMax).
   struct ForwardGraph {

@@ -323,6 +323,29 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r) out[r] = sampling::merge_argmax_parts(parts + r, rows, world);
   }
 
+  bool sample_split() const override { return true; }
+  void sample_part(const Mat& logits, int64_t offset, const SampleState& st, SampleCandidate* out) override {
+    require_f32(logits, "sample_part");
+    for (int64_t r = 0; r < logits.rows; ++r) {
+      const int64_t sr = st.row ? st.row[r] : r;
+      sampling::sample_part_row(frow(logits, r), logits.cols, offset, st.params[sr],
+                                st.seen ? st.seen + sr * st.seen_ld : nullptr,
+                                st.counts ? st.counts + sr * st.counts_ld : nullptr, out + r * kSampleCandidates);
+    }
+  }
+  void sample_merge(const SampleCandidate* parts, int64_t rows, int world, const SampleState& st,
+                    int32_t* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t sr = st.row ? st.row[r] : r;
+      const int32_t t = sampling::merge_sample_parts(parts + r * kSampleCandidates, rows * kSampleCandidates, world,
+                                                     st.params[sr], st.step[sr]);
+      out[r] = t;
+      if (st.seen && t != sampling::kNoToken) st.seen[sr * st.seen_ld + t] = 1;
+      if (st.counts && t != sampling::kNoToken) ++st.counts[sr * st.counts_ld + t];
+      ++st.step[sr];
+    }
+  }
+
   void sample(const Mat& logits, const SampleState& st, int32_t* out) override {
     require_f32(logits, "sample");
     // Rows are independent (distinct state rows), so splitting them over threads changes nothing.
@@ -367,45 +390,17 @@ class CpuBackend final : public Backend {
 
 namespace sampling {
 
-int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, const int32_t* counts,
-                   uint32_t step) {
-  const float inv_temp = inverse_temperature(p.temperature);
-  const bool penalised = seen && p.repetition_penalty != 1.0f;
-  const bool counted = counts && counts_penalise(p);
-  thread_local std::vector<float> s;
-  s.resize(size_t(V));
-  uint64_t best = 0;
-  bool poisoned = false, any_finite = false;
-  for (int64_t i = 0; i < V; ++i) {
-    poisoned |= poisons_row(logits[i]);
-    any_finite |= is_finite(logits[i]);
-    s[size_t(i)] = score(logits[i], penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0,
-                         p.frequency_penalty, p.presence_penalty, inv_temp);
-    best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
-  }
-  if (poisoned || !any_finite) return kNoToken;
-  const int32_t top = composite_id(best);
-  if (!(p.temperature > 0.0f)) return top;
+namespace {
 
-  // Only candidates within reach of the top can weigh anything; they are a prefix of the order, so
-  // leaving the rest out changes no sum, no cut and no draw.
-  const float m = s[size_t(top)];
-  struct Cand {
-    uint64_t c;
-    float w;
-    uint64_t W;
-  };
-  thread_local std::vector<Cand> cand;
-  cand.clear();
-  for (int64_t i = 0; i < V; ++i) {
-    if (!in_reach(s[size_t(i)], m)) continue;
-    const float w = weight(s[size_t(i)], m);
-    cand.push_back({composite(order_key(s[size_t(i)]), uint32_t(i)), w, fixed(w)});
-  }
-  size_t keep = cand.size();
-  if (p.top_k > 0 && size_t(p.top_k) < keep) keep = size_t(p.top_k);
-  std::partial_sort(cand.begin(), cand.begin() + long(keep), cand.end(),
-                    [](const Cand& a, const Cand& b) { return a.c > b.c; });
+struct Cand {
+  uint64_t c;  // composite(order_key(score), id)
+  float w;     // weight(score, top)
+  uint64_t W;  // fixed(w)
+};
+
+// Steps 4-7 once the candidates in reach of the top are known, cand[0, keep) being the first `keep`
+// of them in order (keep = min(top_k, in reach), top_k applied): min-p, top-p and the draw.
+int32_t draw_kept(const std::vector<Cand>& cand, size_t keep, const SampleParams& p, uint32_t step, int32_t top) {
   uint64_t total = 0;
   for (size_t j = 0; j < keep; ++j) total += cand[j].W;
   if (p.min_p > 0.0f) {
@@ -433,6 +428,101 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
     if (acc > r) return composite_id(cand[j].c);
   }
   return top;  // not reached: r < mass
+}
+
+// Step 1 for entry i of a row.
+float row_score(const float* logits, int64_t j, int64_t i, const SampleParams& p, const uint8_t* seen,
+                const int32_t* counts, float inv_temp) {
+  const bool penalised = seen && p.repetition_penalty != 1.0f;
+  const bool counted = counts && counts_penalise(p);
+  return score(logits[j], penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0, p.frequency_penalty,
+               p.presence_penalty, inv_temp);
+}
+
+}  // namespace
+
+int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, const int32_t* counts,
+                   uint32_t step) {
+  const float inv_temp = inverse_temperature(p.temperature);
+  thread_local std::vector<float> s;
+  s.resize(size_t(V));
+  uint64_t best = 0;
+  bool poisoned = false, any_finite = false;
+  for (int64_t i = 0; i < V; ++i) {
+    poisoned |= poisons_row(logits[i]);
+    any_finite |= is_finite(logits[i]);
+    s[size_t(i)] = row_score(logits, i, i, p, seen, counts, inv_temp);
+    best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
+  }
+  if (poisoned || !any_finite) return kNoToken;
+  const int32_t top = composite_id(best);
+  if (!(p.temperature > 0.0f)) return top;
+
+  // Only candidates within reach of the top can weigh anything; they are a prefix of the order, so
+  // leaving the rest out changes no sum, no cut and no draw.
+  const float m = s[size_t(top)];
+  thread_local std::vector<Cand> cand;
+  cand.clear();
+  for (int64_t i = 0; i < V; ++i) {
+    if (!in_reach(s[size_t(i)], m)) continue;
+    const float w = weight(s[size_t(i)], m);
+    cand.push_back({composite(order_key(s[size_t(i)]), uint32_t(i)), w, fixed(w)});
+  }
+  size_t keep = cand.size();
+  if (p.top_k > 0 && size_t(p.top_k) < keep) keep = size_t(p.top_k);
+  std::partial_sort(cand.begin(), cand.begin() + long(keep), cand.end(),
+                    [](const Cand& a, const Cand& b) { return a.c > b.c; });
+  return draw_kept(cand, keep, p, step, top);
+}
+
+void sample_part_row(const float* logits, int64_t cols, int64_t offset, const SampleParams& p, const uint8_t* seen,
+                     const int32_t* counts, SampleCandidate* out) {
+  const float inv_temp = inverse_temperature(p.temperature);
+  thread_local std::vector<SampleCandidate> all;
+  all.clear();
+  bool poisoned = false, any_finite = false;
+  for (int64_t j = 0; j < cols; ++j) {
+    poisoned |= poisons_row(logits[j]);
+    any_finite |= is_finite(logits[j]);
+    const float sc = row_score(logits, j, offset + j, p, seen, counts, inv_temp);
+    all.push_back({composite(order_key(sc), uint32_t(offset + j)), sc, 0});
+  }
+  const size_t n = std::min(all.size(), size_t(kSampleCandidates));
+  std::partial_sort(all.begin(), all.begin() + long(n), all.end(),
+                    [](const SampleCandidate& a, const SampleCandidate& b) { return a.key > b.key; });
+  for (size_t k = 0; k < size_t(kSampleCandidates); ++k) out[k] = k < n ? all[k] : SampleCandidate{};
+  out[0].flag = poisoned ? kPartPoisoned : any_finite ? 0 : kPartNoFinite;
+}
+
+int32_t merge_sample_parts(const SampleCandidate* parts, int64_t stride, int world, const SampleParams& p,
+                           uint32_t step) {
+  if (!split_draw_suits(p))
+    throw Error("sample_merge: a setting of temperature > 0 and top_k " + std::to_string(p.top_k) +
+                " needs the whole row (split draws take top_k 1.." + std::to_string(kSampleCandidates) + ")");
+  thread_local std::vector<SampleCandidate> merged;
+  merged.clear();
+  bool any_finite = false;
+  for (int w = 0; w < world; ++w) {
+    const SampleCandidate* part = parts + int64_t(w) * stride;
+    if (part[0].flag == kPartPoisoned) return kNoToken;
+    any_finite |= part[0].flag != kPartNoFinite;
+    for (int k = 0; k < kSampleCandidates && part[k].key != 0; ++k) merged.push_back(part[k]);
+  }
+  if (!any_finite || merged.empty()) return kNoToken;
+  std::sort(merged.begin(), merged.end(), [](const SampleCandidate& a, const SampleCandidate& b) { return a.key > b.key; });
+  const int32_t top = composite_id(merged[0].key);
+  if (!(p.temperature > 0.0f)) return top;
+  // The in-reach candidates of the merged order are a prefix of it and hold the row's first top_k.
+  const float m = merged[0].score;
+  thread_local std::vector<Cand> cand;
+  cand.clear();
+  for (const SampleCandidate& c : merged) {
+    if (!in_reach(c.score, m)) break;
+    const float w = weight(c.score, m);
+    cand.push_back({c.key, w, fixed(w)});
+  }
+  const size_t keep = std::min(cand.size(), size_t(p.top_k));
+  return draw_kept(cand, keep, p, step, top);
 }
 
 void logprobs_row(const float* logits, int64_t V, int32_t chosen, int top_n, float* chosen_lp, int32_t* top_ids,
