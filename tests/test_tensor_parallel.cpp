@@ -547,6 +547,69 @@ std::vector<int32_t> launch_two_prompts(Model& one, Model& tp) {
   return t1;
 }
 
+// A vocabulary of 9 over 4 ranks leaves rank 3 no vocabulary rows (3, 3, 3, 0): every split pick
+// that rank 0 merges holds "no finite logit" and no candidate from rank 3, in calls of 2 rows, then 1,
+// then 2 again (a gather of one call's n lays the ranks' parts out where another n's were), greedy and
+// then drawn with top_k; and the tokens are one rank's.
+TEST(TensorParallelModel, RankWithoutVocabularyRowsMatchesOneRank) {
+  struct Inspect : ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    int merges = 0, wrong = 0;
+    void argmax_merge(const ArgmaxPart* p, int64_t rows, int world, int32_t* o) override {
+      for (int64_t r = 0; r < rows; ++r) wrong += p[(world - 1) * rows + r].index != kPartNoFinite;
+      ++merges;
+      ForwardingBackend::argmax_merge(p, rows, world, o);
+    }
+    void sample_merge(const SampleCandidate* p, int64_t rows, int world, const SampleState& st, int32_t* o) override {
+      for (int64_t r = 0; r < rows; ++r) {
+        const SampleCandidate* c = p + ((world - 1) * rows + r) * kSampleCandidates;
+        wrong += c[0].flag != kPartNoFinite;
+        for (int k = 0; k < kSampleCandidates; ++k) wrong += c[k].key != 0;
+      }
+      ++merges;
+      ForwardingBackend::sample_merge(p, rows, world, st, o);
+    }
+  };
+  ModelSpec s = load_model_spec(test::fixture("llama3"));
+  s.vocab = 9;
+  Engine eng = random_engine(s, DType::F32, 3);
+  RuntimeOptions rt;
+  rt.max_batch = 2;
+  rt.capacity = 32;
+  auto be1 = make_cpu_backend();
+  Inspect be(make_cpu_backend());
+  Model one(eng, *be1, rt);
+  rt.tp = 4;
+  Model tp(eng, be, rt);
+  for (const bool drawn : {false, true}) {
+    SCOPED_TRACE(drawn ? "top_k draws" : "greedy");
+    if (drawn) {
+      SamplingParams sp;
+      sp.temperature = 1.5f, sp.top_k = 4, sp.seed = 21;
+      for (Model* m : {&one, &tp}) m->set_sampling(0, sp), m->set_sampling(1, sp);
+    }
+    Batch prompt;
+    prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
+    prompt.rows.push_back(BatchRow{1, {8, 7, 6}, 0, {}, false});
+    one.launch_forward(prompt);
+    tp.launch_forward(prompt);
+    std::vector<int32_t> t = one.finish_launch();
+    ASSERT_EQ(tp.finish_launch(), t);
+    std::vector<int64_t> at = {5, 3};
+    for (int step = 0; step < 6; ++step) {
+      const std::vector<int> rows = step == 2 || step == 3 ? std::vector<int>{1} : std::vector<int>{0, 1};
+      std::vector<int32_t> tok, where;
+      for (int r : rows) tok.push_back(t[size_t(r)]), where.push_back(int32_t(at[size_t(r)]));
+      const std::vector<int64_t> w(where.begin(), where.end());
+      const std::vector<int32_t> a = one.decode(rows, tok, w), b = tp.decode(rows, tok, w);
+      ASSERT_EQ(a, b) << "step " << step;
+      for (size_t i = 0; i < rows.size(); ++i) t[size_t(rows[i])] = a[i], ++at[size_t(rows[i])];
+    }
+  }
+  EXPECT_EQ(be.merges, 14);
+  EXPECT_EQ(be.wrong, 0) << "rank 3's parts as rank 0 merged them";
+}
+
 // Greedy steps of a split model pick from each rank's share of the vocabulary without gathering the
 // logits; decode_logprobs gathers them afterwards, from the head's input the step left: the same
 // log-probabilities as one rank's (f32 tolerance), after a decode step and after a launch_forward, and a

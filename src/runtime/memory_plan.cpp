@@ -148,8 +148,9 @@ MemoryPlan plan_memory(const ModelSpec& s, DType weight_dtype, DType adt, const 
   if (s.tp.world > 1) {
     w.tp_logits = z.mul({s.tp.world, L, s.tp.vocab_rows, as});
     w.tp_index = z.mul({L, int64_t(sizeof(int32_t))});
-    w.tp_parts = z.mul({s.tp.world, L, int64_t(sizeof(ArgmaxPart))});
-    w.tp_cands = z.mul({s.tp.world, L, kSampleCandidates, int64_t(sizeof(SampleCandidate))});
+    // One slot past the ranks' [world, L]: the constant parts a rank without vocabulary rows sends.
+    w.tp_parts = z.mul({s.tp.world + 1, L, int64_t(sizeof(ArgmaxPart))});
+    w.tp_cands = z.mul({s.tp.world + 1, L, kSampleCandidates, int64_t(sizeof(SampleCandidate))});
   }
   size_t ws = 0;
   for (size_t b : {w.hidden, w.hidden, w.hidden, w.qkv, w.attn, w.gate_up, w.act, w.conv, w.token_meta, w.token_meta,

@@ -50,8 +50,9 @@ struct WorkspacePlan {
   size_t linear_scratch = 0;
   // A tensor-parallel rank (spec.tp.world > 1): [world, max_logit_rows, vocab_rows] every rank's LM-head
   // rows gathered, and [max_logit_rows] int32 row indices 0, 1, ... that lay them out into the logits;
-  // a split pick's parts: [world, max_logit_rows] ArgmaxPart (greedy), [world, max_logit_rows,
-  // kSampleCandidates] SampleCandidate (drawn).
+  // a split pick's parts: [world + 1, max_logit_rows] ArgmaxPart (greedy), [world + 1, max_logit_rows,
+  // kSampleCandidates] SampleCandidate (drawn); the last slot is what a rank without vocabulary rows
+  // sends.
   size_t tp_logits = 0, tp_index = 0, tp_parts = 0, tp_cands = 0;
   size_t total() const;
 };

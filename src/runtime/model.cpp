@@ -143,16 +143,16 @@ Model::Model(std::unique_ptr<TpGroup> group, Communicator* comm, const Engine& e
     be_.upload(tp_index_.get(), iota.data(), iota.size() * sizeof(int32_t));
     ws(tp_parts_, w.tp_parts);
     ws(tp_cands_, w.tp_cands);
-    // A rank whose vocabulary rows are all padding (a vocabulary under world^2 entries) has no part to
-    // compute: its slot keeps "no finite logit" (and no candidate) and only the gather overwrites it,
-    // with itself.
+    // A rank whose vocabulary rows are all padding (a vocabulary of about world^2 entries or fewer) has
+    // no part to compute: it sends "no finite logit" (and no candidate) from the slot past the ranks'
+    // (head_pick), which no gather writes.
     if (vocab_cols(s.tp.rank) <= 0) {
       const std::vector<ArgmaxPart> none(size_t(opt_.max_logit_rows));
-      be_.upload(tp_parts_.as<ArgmaxPart>() + size_t(s.tp.rank) * none.size(), none.data(),
+      be_.upload(tp_parts_.as<ArgmaxPart>() + size_t(s.tp.world) * none.size(), none.data(),
                  none.size() * sizeof(ArgmaxPart));
       std::vector<SampleCandidate> no_cands(size_t(opt_.max_logit_rows) * kSampleCandidates);
       for (size_t r = 0; r < size_t(opt_.max_logit_rows); ++r) no_cands[r * kSampleCandidates].flag = kPartNoFinite;
-      be_.upload(tp_cands_.as<SampleCandidate>() + size_t(s.tp.rank) * no_cands.size(), no_cands.data(),
+      be_.upload(tp_cands_.as<SampleCandidate>() + size_t(s.tp.world) * no_cands.size(), no_cands.data(),
                  no_cands.size() * sizeof(SampleCandidate));
     }
   }
@@ -380,10 +380,13 @@ void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, Pick how) {
   const int world = int(spec_.tp.world);
   const Mat mine = mat(tp_logits_.get(), adt, n, vrows);  // [n, vocab_rows] this rank's LM-head rows
   if (cols > 0) lm_head(be_, weights_, g, mine);
+  // A rank without vocabulary rows sends the constant parts of slot `world` (the constructor's): its
+  // own slot of [world, n] may hold another rank's parts from a call of another n.
+  const int64_t L = opt_.max_logit_rows;
   if (how == Pick::SplitArgmax) {
     ArgmaxPart* parts = tp_parts_.as<ArgmaxPart>();  // [world, n] for this call
     if (cols > 0) be_.argmax_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, parts + rank * n);
-    comm_->all_gather(parts + rank * n, parts, size_t(n) * sizeof(ArgmaxPart));
+    comm_->all_gather(cols > 0 ? parts + rank * n : parts + world * L, parts, size_t(n) * sizeof(ArgmaxPart));
     be_.argmax_merge(parts, n, world, next_tokens_.as<int32_t>());
     return;
   }
@@ -391,7 +394,8 @@ void Model::head_pick(const Mat& g, int64_t n, const int32_t* rows, Pick how) {
   SampleCandidate* parts = tp_cands_.as<SampleCandidate>();  // [world, n, kSampleCandidates] for this call
   const int64_t per_rank = n * kSampleCandidates;
   if (cols > 0) be_.sample_part(Mat{mine.data, adt, n, cols, vrows}, rank * vrows, st, parts + rank * per_rank);
-  comm_->all_gather(parts + rank * per_rank, parts, size_t(per_rank) * sizeof(SampleCandidate));
+  comm_->all_gather(cols > 0 ? parts + rank * per_rank : parts + world * L * kSampleCandidates, parts,
+                    size_t(per_rank) * sizeof(SampleCandidate));
   be_.sample_merge(parts, n, world, st, next_tokens_.as<int32_t>());
 }
 

@@ -270,8 +270,11 @@ class Model {
   Buffer inv_freq_;  // [rope_dim / 2] f32
   Buffer tp_logits_;  // tensor parallel: [world, max_logit_rows, vocab_rows] every rank's LM-head rows
   Buffer tp_index_;   // tensor parallel: [max_logit_rows] int32 0, 1, 2, ...
-  Buffer tp_parts_;   // tensor parallel: [world, max_logit_rows] ArgmaxPart, a split greedy pick's parts
-  Buffer tp_cands_;   // tensor parallel: [world, max_logit_rows, kSampleCandidates], a split draw's parts
+  // Tensor parallel, a split pick's parts: [world + 1, max_logit_rows] ArgmaxPart (greedy) and
+  // [world + 1, max_logit_rows, kSampleCandidates] SampleCandidate (drawn), the ranks' parts of a call
+  // at [world, n] and, in slot `world`, what a rank without vocabulary rows sends.
+  Buffer tp_parts_;
+  Buffer tp_cands_;
   // [3, max_batch] int32: a step's picks; (launch_forward) their cache rows; (launch_*) the feed
   Buffer next_tokens_;
   // Per cache row sampling state, read by the sample op: settings, draws so far, tokens seen.
