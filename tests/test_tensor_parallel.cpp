@@ -510,12 +510,17 @@ TEST(TensorParallelInt4, RoundToNearestSplitsOnEveryFamily) {
   EXPECT_EQ(r1.get("lm_head").shape()[0], r1.spec.tp.vocab_rows);
 }
 
+// The llama3 fixture's shapes with another vocabulary, random f32 weights of `seed`.
+Engine llama3_with_vocab(int64_t vocab, uint64_t seed) {
+  ModelSpec s = load_model_spec(test::fixture("llama3"));
+  s.vocab = vocab;
+  return random_engine(s, DType::F32, seed);
+}
+
 // A vocabulary that is not a multiple of the ranks: the last rank's LM-head rows are padded, and the
 // padding never reaches the logits.
 TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
-  ModelSpec s = load_model_spec(test::fixture("llama3"));
-  s.vocab = 509;
-  Engine eng = random_engine(s, DType::F32, 7);
+  Engine eng = llama3_with_vocab(509, 7);
   RuntimeOptions rt;
   rt.max_batch = 2;
   rt.capacity = 16;
@@ -570,9 +575,7 @@ TEST(TensorParallelModel, RankWithoutVocabularyRowsMatchesOneRank) {
       ForwardingBackend::sample_merge(p, rows, world, st, o);
     }
   };
-  ModelSpec s = load_model_spec(test::fixture("llama3"));
-  s.vocab = 9;
-  Engine eng = random_engine(s, DType::F32, 3);
+  Engine eng = llama3_with_vocab(9, 3);
   RuntimeOptions rt;
   rt.max_batch = 2;
   rt.capacity = 32;
