@@ -539,17 +539,17 @@ TEST(TensorParallelModel, PaddedVocabularyMatchesOneRank) {
   EXPECT_EQ(greedy(one, {5, 6, 7}, 6), greedy(tp, {5, 6, 7}, 6));
 }
 
-// The split-pick tests' two prompts (rows 0 and 1, 5 and 3 tokens) launched on one rank and on the
-// split model: the picks, which must be equal.
-std::vector<int32_t> launch_two_prompts(Model& one, Model& tp) {
+// The split-pick tests' two prompts (row 0: 1 2 3 4 5, row 1: `second`) launched on one rank and on
+// the split model: each model's picks (the callers assert them equal).
+std::pair<std::vector<int32_t>, std::vector<int32_t>> launch_two_prompts(Model& one, Model& tp,
+                                                                         std::vector<int32_t> second = {9, 8, 7}) {
   Batch prompt;
   prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
-  prompt.rows.push_back(BatchRow{1, {9, 8, 7}, 0, {}, false});
+  prompt.rows.push_back(BatchRow{1, std::move(second), 0, {}, false});
   one.launch_forward(prompt);
   tp.launch_forward(prompt);
-  const std::vector<int32_t> t1 = one.finish_launch(), t2 = tp.finish_launch();
-  EXPECT_EQ(t1, t2) << "the prompts' picks";
-  return t1;
+  std::vector<int32_t> t1 = one.finish_launch(), t2 = tp.finish_launch();
+  return {std::move(t1), std::move(t2)};
 }
 
 // A vocabulary of 9 over 4 ranks leaves rank 3 no vocabulary rows (3, 3, 3, 0): every split pick
@@ -591,19 +591,14 @@ TEST(TensorParallelModel, RankWithoutVocabularyRowsMatchesOneRank) {
       sp.temperature = 1.5f, sp.top_k = 4, sp.seed = 21;
       for (Model* m : {&one, &tp}) m->set_sampling(0, sp), m->set_sampling(1, sp);
     }
-    Batch prompt;
-    prompt.rows.push_back(BatchRow{0, {1, 2, 3, 4, 5}, 0, {}, false});
-    prompt.rows.push_back(BatchRow{1, {8, 7, 6}, 0, {}, false});
-    one.launch_forward(prompt);
-    tp.launch_forward(prompt);
-    std::vector<int32_t> t = one.finish_launch();
-    ASSERT_EQ(tp.finish_launch(), t);
+    auto [t, t_tp] = launch_two_prompts(one, tp, {8, 7, 6});  // tokens below the vocabulary of 9
+    ASSERT_EQ(t, t_tp);
     std::vector<int64_t> at = {5, 3};
     for (int step = 0; step < 6; ++step) {
       const std::vector<int> rows = step == 2 || step == 3 ? std::vector<int>{1} : std::vector<int>{0, 1};
-      std::vector<int32_t> tok, where;
-      for (int r : rows) tok.push_back(t[size_t(r)]), where.push_back(int32_t(at[size_t(r)]));
-      const std::vector<int64_t> w(where.begin(), where.end());
+      std::vector<int32_t> tok;
+      std::vector<int64_t> w;
+      for (int r : rows) tok.push_back(t[size_t(r)]), w.push_back(at[size_t(r)]);
       const std::vector<int32_t> a = one.decode(rows, tok, w), b = tp.decode(rows, tok, w);
       ASSERT_EQ(a, b) << "step " << step;
       for (size_t i = 0; i < rows.size(); ++i) t[size_t(rows[i])] = a[i], ++at[size_t(rows[i])];
@@ -633,7 +628,8 @@ TEST(TensorParallelModel, LogprobsAfterASplitPickMatchOneRank) {
     for (size_t i = 0; i < a.chosen.size(); ++i) EXPECT_NEAR(a.chosen[i], b.chosen[i], 1e-4f) << what;
     for (size_t i = 0; i < a.top.size(); ++i) EXPECT_NEAR(a.top[i], b.top[i], 1e-4f) << what;
   };
-  std::vector<int32_t> t1 = launch_two_prompts(one, tp), t2 = t1;
+  auto [t1, t2] = launch_two_prompts(one, tp);
+  ASSERT_EQ(t1, t2);
   expect_same("launch_forward");
   std::vector<int64_t> at = {5, 3};
   for (int step = 0; step < 4; ++step) {
@@ -685,7 +681,8 @@ TEST(TensorParallelModel, SplitDrawMatchesOneRank) {
     a.temperature = 0.8f, a.top_k = 5, a.top_p = 0.9f, a.repetition_penalty = 1.2f, a.seed = 11;
     b.temperature = 1.1f, b.top_k = 40, b.min_p = 0.02f, b.frequency_penalty = 0.3f, b.seed = 12;
     for (Model* m : {&one, &tp}) m->set_sampling(0, a), m->set_sampling(1, b);
-    std::vector<int32_t> t1 = launch_two_prompts(one, tp), t2 = t1;
+    auto [t1, t2] = launch_two_prompts(one, tp);
+    ASSERT_EQ(t1, t2);
     std::vector<int64_t> at = {5, 3};
     std::vector<int32_t> drawn;
     for (int step = 0; step < 8; ++step) {

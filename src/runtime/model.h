@@ -139,7 +139,8 @@ class Model {
   // finish_launch, decode_logprobs; decode through launch_decode and finish_launch) is sent to the
   // other processes before it runs here (runtime/tp_lead.h), until this Model goes. On another rank it
   // runs the calls rank 0 sends, in order, and returns false once rank 0's Model is gone (the caller
-  // then ends the command); it throws where a call fails on one side only, or the group stops. Without ranks as processes: true, nothing changes.
+  // then ends the command); it throws where a call fails on one side only, or the group stops.
+  // Without ranks as processes: true, nothing changes.
   // Batch commands (generate, check, bench) need none of this: every process runs the same calls.
   bool lead_ranks();
 

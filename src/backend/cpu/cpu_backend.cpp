@@ -79,6 +79,18 @@ inline const uint8_t* row_ptr(const Mat& m, int64_t r) {
 }
 inline float* frow(const Mat& m, int64_t r) { return static_cast<float*>(m.data) + r * m.ld; }
 
+// The sample ops' state row sr: its seen marks and counts (null where the state keeps none), and the
+// bookkeeping after its pick t: marked and counted (neither for kNoToken), the draw counter advanced.
+uint8_t* seen_row(const SampleState& st, int64_t sr) { return st.seen ? st.seen + sr * st.seen_ld : nullptr; }
+int32_t* counts_row(const SampleState& st, int64_t sr) { return st.counts ? st.counts + sr * st.counts_ld : nullptr; }
+void record_pick(const SampleState& st, int64_t sr, int32_t t) {
+  if (t != sampling::kNoToken) {
+    if (uint8_t* seen = seen_row(st, sr)) seen[t] = 1;
+    if (int32_t* counts = counts_row(st, sr)) ++counts[t];
+  }
+  ++st.step[sr];
+}
+
 // Below this much work (multiply-adds) an op runs on one thread: waking the team costs more than it
 // saves, and far more when the cores are shared with other processes.
 constexpr int64_t kParallelWork = int64_t(1) << 16;
@@ -328,21 +340,17 @@ class CpuBackend final : public Backend {
     require_f32(logits, "sample_part");
     for (int64_t r = 0; r < logits.rows; ++r) {
       const int64_t sr = st.row ? st.row[r] : r;
-      sampling::sample_part_row(frow(logits, r), logits.cols, offset, st.params[sr],
-                                st.seen ? st.seen + sr * st.seen_ld : nullptr,
-                                st.counts ? st.counts + sr * st.counts_ld : nullptr, out + r * kSampleCandidates);
+      sampling::sample_part_row(frow(logits, r), logits.cols, offset, st.params[sr], seen_row(st, sr),
+                                counts_row(st, sr), out + r * kSampleCandidates);
     }
   }
   void sample_merge(const SampleCandidate* parts, int64_t rows, int world, const SampleState& st,
                     int32_t* out) override {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t sr = st.row ? st.row[r] : r;
-      const int32_t t = sampling::merge_sample_parts(parts + r * kSampleCandidates, rows * kSampleCandidates, world,
-                                                     st.params[sr], st.step[sr]);
-      out[r] = t;
-      if (st.seen && t != sampling::kNoToken) st.seen[sr * st.seen_ld + t] = 1;
-      if (st.counts && t != sampling::kNoToken) ++st.counts[sr * st.counts_ld + t];
-      ++st.step[sr];
+      out[r] = sampling::merge_sample_parts(parts + r * kSampleCandidates, rows * kSampleCandidates, world,
+                                            st.params[sr], st.step[sr]);
+      record_pick(st, sr, out[r]);
     }
   }
 
@@ -352,13 +360,9 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for num_threads(threads_) schedule(dynamic) if (logits.rows > 1 && logits.rows * logits.cols >= kParallelWork)
     for (int64_t r = 0; r < logits.rows; ++r) {
       const int64_t sr = st.row ? st.row[r] : r;
-      uint8_t* seen = st.seen ? st.seen + sr * st.seen_ld : nullptr;
-      int32_t* counts = st.counts ? st.counts + sr * st.counts_ld : nullptr;
-      const int32_t t = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen, counts, st.step[sr]);
-      out[r] = t;
-      if (seen && t != sampling::kNoToken) seen[t] = 1;
-      if (counts && t != sampling::kNoToken) ++counts[t];
-      ++st.step[sr];
+      out[r] = sampling::sample_row(frow(logits, r), logits.cols, st.params[sr], seen_row(st, sr), counts_row(st, sr),
+                                    st.step[sr]);
+      record_pick(st, sr, out[r]);
     }
   }
 
@@ -430,20 +434,34 @@ int32_t draw_kept(const std::vector<Cand>& cand, size_t keep, const SampleParams
   return top;  // not reached: r < mass
 }
 
-// Step 1 for entry i of a row.
-float row_score(const float* logits, int64_t j, int64_t i, const SampleParams& p, const uint8_t* seen,
-                const int32_t* counts, float inv_temp) {
-  const bool penalised = seen && p.repetition_penalty != 1.0f;
-  const bool counted = counts && counts_penalise(p);
-  return score(logits[j], penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0, p.frequency_penalty,
-               p.presence_penalty, inv_temp);
+// Step 1 for a row's settings, what does not change along the row worked out once: score(logit, i) of
+// vocabulary entry i (seen and counts indexed by entry, each may be null).
+struct RowScorer {
+  RowScorer(const SampleParams& p, const uint8_t* seen, const int32_t* counts)
+      : p(p), seen(seen), counts(counts), inv_temp(inverse_temperature(p.temperature)),
+        penalised(seen && p.repetition_penalty != 1.0f), counted(counts && counts_penalise(p)) {}
+  float operator()(float logit, int64_t i) const {
+    return score(logit, penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0, p.frequency_penalty,
+                 p.presence_penalty, inv_temp);
+  }
+  const SampleParams& p;
+  const uint8_t* seen;
+  const int32_t* counts;
+  const float inv_temp;
+  const bool penalised, counted;
+};
+
+// A candidate of score s in reach of the top score m (step 3's weights).
+Cand in_reach_cand(uint64_t key, float s, float m) {
+  const float w = weight(s, m);
+  return {key, w, fixed(w)};
 }
 
 }  // namespace
 
 int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, const int32_t* counts,
                    uint32_t step) {
-  const float inv_temp = inverse_temperature(p.temperature);
+  const RowScorer scorer(p, seen, counts);
   thread_local std::vector<float> s;
   s.resize(size_t(V));
   uint64_t best = 0;
@@ -451,7 +469,7 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   for (int64_t i = 0; i < V; ++i) {
     poisoned |= poisons_row(logits[i]);
     any_finite |= is_finite(logits[i]);
-    s[size_t(i)] = row_score(logits, i, i, p, seen, counts, inv_temp);
+    s[size_t(i)] = scorer(logits[i], i);
     best = std::max(best, composite(order_key(s[size_t(i)]), uint32_t(i)));
   }
   if (poisoned || !any_finite) return kNoToken;
@@ -464,9 +482,8 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   thread_local std::vector<Cand> cand;
   cand.clear();
   for (int64_t i = 0; i < V; ++i) {
-    if (!in_reach(s[size_t(i)], m)) continue;
-    const float w = weight(s[size_t(i)], m);
-    cand.push_back({composite(order_key(s[size_t(i)]), uint32_t(i)), w, fixed(w)});
+    const float si = s[size_t(i)];
+    if (in_reach(si, m)) cand.push_back(in_reach_cand(composite(order_key(si), uint32_t(i)), si, m));
   }
   size_t keep = cand.size();
   if (p.top_k > 0 && size_t(p.top_k) < keep) keep = size_t(p.top_k);
@@ -477,14 +494,14 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
 
 void sample_part_row(const float* logits, int64_t cols, int64_t offset, const SampleParams& p, const uint8_t* seen,
                      const int32_t* counts, SampleCandidate* out) {
-  const float inv_temp = inverse_temperature(p.temperature);
+  const RowScorer scorer(p, seen, counts);
   thread_local std::vector<SampleCandidate> all;
   all.clear();
   bool poisoned = false, any_finite = false;
   for (int64_t j = 0; j < cols; ++j) {
     poisoned |= poisons_row(logits[j]);
     any_finite |= is_finite(logits[j]);
-    const float sc = row_score(logits, j, offset + j, p, seen, counts, inv_temp);
+    const float sc = scorer(logits[j], offset + j);
     all.push_back({composite(order_key(sc), uint32_t(offset + j)), sc, 0});
   }
   const size_t n = std::min(all.size(), size_t(kSampleCandidates));
@@ -518,8 +535,7 @@ int32_t merge_sample_parts(const SampleCandidate* parts, int64_t stride, int wor
   cand.clear();
   for (const SampleCandidate& c : merged) {
     if (!in_reach(c.score, m)) break;
-    const float w = weight(c.score, m);
-    cand.push_back({c.key, w, fixed(w)});
+    cand.push_back(in_reach_cand(c.key, c.score, m));
   }
   const size_t keep = std::min(cand.size(), size_t(p.top_k));
   return draw_kept(cand, keep, p, step, top);
