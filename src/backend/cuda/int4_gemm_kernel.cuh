@@ -178,9 +178,10 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
         qa[w] = ws[(2 * (warp * W + w)) * 32 + lane];
         qb[w] = ws[(2 * (warp * W + w) + 1) * 32 + lane];
       }
-      // PerSlot: this stage's sums (rows g: e 0, 1; g + 8: e 2, 3), scaled into acc after its MMAs.
+      // PerWeight: the MMAs add into acc; PerSlot: into this stage's own sums (rows g: e 0, 1; g + 8:
+      // e 2, 3), scaled into acc after them (sm is unused, and compiled away, per weight).
       constexpr bool kPerSlot = kScaling == ig::Scaling::PerSlot;
-      float sm[kPerSlot ? W : 1][kPerSlot ? NT : 1][4];
+      float sm[W][NT][4];
       if constexpr (kPerSlot) {
 #pragma unroll
         for (int w = 0; w < W; ++w)
@@ -189,6 +190,7 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) sm[w][b][e] = 0.f;
       }
+      float(*dst)[NT][4] = kPerSlot ? sm : acc;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint4 xw[NT];
@@ -201,17 +203,11 @@ __global__ void __launch_bounds__(WN * 32) gemm_kernel(Args a) {
             const uint32_t wa4[4] = {qa[w].x, qa[w].y, qa[w].z, qa[w].w};
             const uint32_t wb4[4] = {qb[w].x, qb[w].y, qb[w].z, qb[w].w};
             uint32_t A[4];
-            if constexpr (kPerSlot) {
-              ig::int_fragment<T>(wa4[j], wb4[j], sreg[s][w].zma, sreg[s][w].zmb, h, A);
+            if constexpr (kPerSlot) ig::int_fragment<T>(wa4[j], wb4[j], sreg[s][w].zma, sreg[s][w].zmb, h, A);
+            else ig::a_fragment<T>(sreg[s][w], wa4[j], wb4[j], h, A);
 #pragma unroll
-              for (int b = 0; b < NT; ++b)
-                mma::Mma<T>::run(sm[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
-            } else {
-              ig::a_fragment<T>(sreg[s][w], wa4[j], wb4[j], h, A);
-#pragma unroll
-              for (int b = 0; b < NT; ++b)
-                mma::Mma<T>::run(acc[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
-            }
+            for (int b = 0; b < NT; ++b)
+              mma::Mma<T>::run(dst[w][b], A, h ? xw[b].z : xw[b].x, h ? xw[b].w : xw[b].y);
           }
         }
       }
