@@ -361,7 +361,9 @@ class Backend {
   // entry offset + j (the penalties read seen and counts at offset + j); once every rank's are gathered
   // ([world, rows, kSampleCandidates], rank-major), sample_merge gives out[i], marks, counts and
   // advances exactly as sample over the whole row would. Only for rows whose setting
-  // sampling::split_draw_suits (any other is an error: it needs the whole row). Backend memory.
+  // sampling::split_draw_suits (any other is an error: it needs the whole row; the CPU's sample_merge
+  // throws Error, CUDA's, whose settings are in device memory, gives such a row kNoToken and leaves its
+  // marks, counts and step as they were). Backend memory.
   virtual bool sample_split() const { return false; }
   virtual void sample_part(const Mat& logits, int64_t offset, const SampleState& st, SampleCandidate* out) {
     (void)logits, (void)offset, (void)st, (void)out;

@@ -248,6 +248,105 @@ INGOT_HD uint64_t top_p_target(float top_p, uint64_t total) {
   return v < total ? v : total;
 }
 
+// ---- pieces the backends' ops share ------------------------------------------------------------
+// Host and device alike, so that the CPU reference and the CUDA split ops (cuda/sample_split.cu) run
+// the same code for step 1's scores, steps 4-7 over a list of candidates and the op's bookkeeping.
+
+// Step 1 for a row's settings, what does not change along the row worked out once: score(logit, i) of
+// vocabulary entry i (seen and counts indexed by entry, each may be null; each read only where its
+// penalty is on).
+struct RowScorer {
+  INGOT_HD RowScorer(const SampleParams& p, const uint8_t* seen_, const int32_t* counts_)
+      : seen(seen_ != nullptr && p.repetition_penalty != 1.0f ? seen_ : nullptr),
+        counts(counts_ != nullptr && counts_penalise(p) ? counts_ : nullptr), penalty(p.repetition_penalty),
+        frequency(p.frequency_penalty), presence(p.presence_penalty), inv_temp(inverse_temperature(p.temperature)) {}
+  INGOT_HD float operator()(float logit, int64_t i) const {
+    return score(logit, seen != nullptr && seen[i] != 0, penalty, counts != nullptr ? counts[i] : 0, frequency,
+                 presence, inv_temp);
+  }
+  const uint8_t* seen;    // null: no repetition penalty to apply
+  const int32_t* counts;  // null: no additive penalty to apply
+  float penalty, frequency, presence, inv_temp;
+};
+
+// A candidate in reach of the top (steps 3-7).
+struct Cand {
+  uint64_t c;  // composite(order_key(score), id)
+  float w;     // weight(score, top)
+  uint64_t W;  // fixed(w)
+};
+
+// A candidate of score s in reach of the top score m (step 3's weights).
+INGOT_HD Cand in_reach_cand(uint64_t key, float s, float m) {
+  const float w = weight(s, m);
+  return {key, w, fixed(w)};
+}
+
+// Steps 4-7 once the candidates in reach of the top are known, cand[0, keep) being the first `keep`
+// of them in order (keep = min(top_k, in reach), top_k applied): min-p, top-p and the draw.
+INGOT_HD int32_t draw_kept(const Cand* cand, size_t keep, const SampleParams& p, uint32_t step, int32_t top) {
+  uint64_t total = 0;
+  for (size_t j = 0; j < keep; ++j) total += cand[j].W;
+  if (p.min_p > 0.0f) {
+    size_t j = 1;
+    while (j < keep && cand[j].w >= p.min_p) ++j;
+    if (j < keep) keep = j;
+  }
+  uint64_t mass = 0;
+  for (size_t j = 0; j < keep; ++j) mass += cand[j].W;
+  if (p.top_p < 1.0f) {
+    const uint64_t target = top_p_target(p.top_p, total);
+    if (target >= 1 && target <= mass) {
+      uint64_t acc = 0;
+      size_t j = 0;
+      while (acc < target) acc += cand[j++].W;
+      keep = j;
+      mass = acc;
+    }
+  }
+  if (mass == 0) return top;
+  const uint64_t r = mulhi64(random_bits(p.seed, step), mass);
+  uint64_t acc = 0;
+  for (size_t j = 0; j < keep; ++j) {
+    acc += cand[j].W;
+    if (acc > r) return composite_id(cand[j].c);
+  }
+  return top;  // not reached: r < mass
+}
+
+// Steps 2-7 over a row's merged split candidates: merged[0, n) the first n (n >= 1) of the whole row's
+// order (descending keys), for a setting split_draw_suits; cand: room for kSampleCandidates. Only the
+// first top_k (<= kSampleCandidates) of the in-reach prefix can be kept, so n beyond kSampleCandidates
+// changes nothing.
+INGOT_HD int32_t draw_merged(const SampleCandidate* merged, int64_t n, const SampleParams& p, uint32_t step,
+                             Cand* cand) {
+  const int32_t top = composite_id(merged[0].key);
+  if (!(p.temperature > 0.0f)) return top;
+  // The in-reach candidates are a prefix of the order; keep = min(top_k, that prefix's length).
+  const float m = merged[0].score;
+  const int64_t limit = n < int64_t(p.top_k) ? n : int64_t(p.top_k);
+  size_t keep = 0;
+  while (int64_t(keep) < limit && in_reach(merged[keep].score, m)) {
+    cand[keep] = in_reach_cand(merged[keep].key, merged[keep].score, m);
+    ++keep;
+  }
+  return draw_kept(cand, keep, p, step, top);
+}
+
+// The sample ops' state row sr: its seen marks and counts (null where the state keeps none), and the
+// bookkeeping after its pick t: marked and counted (neither for kNoToken), the draw counter advanced.
+INGOT_HD uint8_t* seen_row(const SampleState& st, int64_t sr) { return st.seen ? st.seen + sr * st.seen_ld : nullptr; }
+INGOT_HD int32_t* counts_row(const SampleState& st, int64_t sr) {
+  return st.counts ? st.counts + sr * st.counts_ld : nullptr;
+}
+INGOT_HD void record_pick(const SampleState& st, int64_t sr, int32_t t) {
+  if (t != kNoToken) {
+    if (uint8_t* seen = seen_row(st, sr)) seen[t] = 1;
+    if (int32_t* counts = counts_row(st, sr)) ++counts[t];
+  }
+  ++st.step[sr];
+}
+
 // ---- the reference ----------------------------------------------------------------------------
 
 // One row through steps 1-7 on the host: f32 logits of `vocab` tokens, seen (null: nothing seen) of

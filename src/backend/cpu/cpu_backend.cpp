@@ -79,17 +79,10 @@ inline const uint8_t* row_ptr(const Mat& m, int64_t r) {
 }
 inline float* frow(const Mat& m, int64_t r) { return static_cast<float*>(m.data) + r * m.ld; }
 
-// The sample ops' state row sr: its seen marks and counts (null where the state keeps none), and the
-// bookkeeping after its pick t: marked and counted (neither for kNoToken), the draw counter advanced.
-uint8_t* seen_row(const SampleState& st, int64_t sr) { return st.seen ? st.seen + sr * st.seen_ld : nullptr; }
-int32_t* counts_row(const SampleState& st, int64_t sr) { return st.counts ? st.counts + sr * st.counts_ld : nullptr; }
-void record_pick(const SampleState& st, int64_t sr, int32_t t) {
-  if (t != sampling::kNoToken) {
-    if (uint8_t* seen = seen_row(st, sr)) seen[t] = 1;
-    if (int32_t* counts = counts_row(st, sr)) ++counts[t];
-  }
-  ++st.step[sr];
-}
+// The sample ops' row bookkeeping, shared with the CUDA backend (backend/sampling.h).
+using sampling::counts_row;
+using sampling::record_pick;
+using sampling::seen_row;
 
 // Below this much work (multiply-adds) an op runs on one thread: waking the team costs more than it
 // saves, and far more when the cores are shared with other processes.
@@ -394,71 +387,6 @@ class CpuBackend final : public Backend {
 
 namespace sampling {
 
-namespace {
-
-struct Cand {
-  uint64_t c;  // composite(order_key(score), id)
-  float w;     // weight(score, top)
-  uint64_t W;  // fixed(w)
-};
-
-// Steps 4-7 once the candidates in reach of the top are known, cand[0, keep) being the first `keep`
-// of them in order (keep = min(top_k, in reach), top_k applied): min-p, top-p and the draw.
-int32_t draw_kept(const std::vector<Cand>& cand, size_t keep, const SampleParams& p, uint32_t step, int32_t top) {
-  uint64_t total = 0;
-  for (size_t j = 0; j < keep; ++j) total += cand[j].W;
-  if (p.min_p > 0.0f) {
-    size_t j = 1;
-    while (j < keep && cand[j].w >= p.min_p) ++j;
-    keep = std::min(keep, j);
-  }
-  uint64_t mass = 0;
-  for (size_t j = 0; j < keep; ++j) mass += cand[j].W;
-  if (p.top_p < 1.0f) {
-    const uint64_t target = top_p_target(p.top_p, total);
-    if (target >= 1 && target <= mass) {
-      uint64_t acc = 0;
-      size_t j = 0;
-      while (acc < target) acc += cand[j++].W;
-      keep = j;
-      mass = acc;
-    }
-  }
-  if (mass == 0) return top;
-  const uint64_t r = mulhi64(random_bits(p.seed, step), mass);
-  uint64_t acc = 0;
-  for (size_t j = 0; j < keep; ++j) {
-    acc += cand[j].W;
-    if (acc > r) return composite_id(cand[j].c);
-  }
-  return top;  // not reached: r < mass
-}
-
-// Step 1 for a row's settings, what does not change along the row worked out once: score(logit, i) of
-// vocabulary entry i (seen and counts indexed by entry, each may be null).
-struct RowScorer {
-  RowScorer(const SampleParams& p, const uint8_t* seen, const int32_t* counts)
-      : p(p), seen(seen), counts(counts), inv_temp(inverse_temperature(p.temperature)),
-        penalised(seen && p.repetition_penalty != 1.0f), counted(counts && counts_penalise(p)) {}
-  float operator()(float logit, int64_t i) const {
-    return score(logit, penalised && seen[i], p.repetition_penalty, counted ? counts[i] : 0, p.frequency_penalty,
-                 p.presence_penalty, inv_temp);
-  }
-  const SampleParams& p;
-  const uint8_t* seen;
-  const int32_t* counts;
-  const float inv_temp;
-  const bool penalised, counted;
-};
-
-// A candidate of score s in reach of the top score m (step 3's weights).
-Cand in_reach_cand(uint64_t key, float s, float m) {
-  const float w = weight(s, m);
-  return {key, w, fixed(w)};
-}
-
-}  // namespace
-
 int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const uint8_t* seen, const int32_t* counts,
                    uint32_t step) {
   const RowScorer scorer(p, seen, counts);
@@ -489,7 +417,7 @@ int32_t sample_row(const float* logits, int64_t V, const SampleParams& p, const 
   if (p.top_k > 0 && size_t(p.top_k) < keep) keep = size_t(p.top_k);
   std::partial_sort(cand.begin(), cand.begin() + long(keep), cand.end(),
                     [](const Cand& a, const Cand& b) { return a.c > b.c; });
-  return draw_kept(cand, keep, p, step, top);
+  return draw_kept(cand.data(), keep, p, step, top);
 }
 
 void sample_part_row(const float* logits, int64_t cols, int64_t offset, const SampleParams& p, const uint8_t* seen,
@@ -527,18 +455,9 @@ int32_t merge_sample_parts(const SampleCandidate* parts, int64_t stride, int wor
   }
   if (!any_finite || merged.empty()) return kNoToken;
   std::sort(merged.begin(), merged.end(), [](const SampleCandidate& a, const SampleCandidate& b) { return a.key > b.key; });
-  const int32_t top = composite_id(merged[0].key);
-  if (!(p.temperature > 0.0f)) return top;
   // The in-reach candidates of the merged order are a prefix of it and hold the row's first top_k.
-  const float m = merged[0].score;
-  thread_local std::vector<Cand> cand;
-  cand.clear();
-  for (const SampleCandidate& c : merged) {
-    if (!in_reach(c.score, m)) break;
-    cand.push_back(in_reach_cand(c.key, c.score, m));
-  }
-  const size_t keep = std::min(cand.size(), size_t(p.top_k));
-  return draw_kept(cand, keep, p, step, top);
+  Cand cand[kSampleCandidates];
+  return draw_merged(merged.data(), int64_t(merged.size()), p, step, cand);
 }
 
 void logprobs_row(const float* logits, int64_t V, int32_t chosen, int top_n, float* chosen_lp, int32_t* top_ids,

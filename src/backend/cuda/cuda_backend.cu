@@ -557,6 +557,16 @@ class CudaBackend final : public Backend {
     auto _ = prof_.scope([&] { return "sample " + shape(logits); }, stream_->get());
     launch_sample(logits, st, out, stream_->get());
   }
+  bool sample_split() const override { return true; }
+  void sample_part(const Mat& logits, int64_t offset, const SampleState& st, SampleCandidate* out) override {
+    auto _ = prof_.scope([&] { return "sample_part " + shape(logits); }, stream_->get());
+    launch_sample_part(logits, offset, st, out, stream_->get());
+  }
+  void sample_merge(const SampleCandidate* parts, int64_t rows, int world, const SampleState& st,
+                    int32_t* out) override {
+    auto _ = prof_.scope([&] { return "sample_merge"; }, stream_->get());
+    launch_sample_merge(parts, rows, world, st, out, stream_->get());
+  }
   void logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
                 float* top_lp) override {
     auto _ = prof_.scope([&] { return "logprobs " + shape(logits); }, stream_->get());

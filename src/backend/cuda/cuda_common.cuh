@@ -220,6 +220,15 @@ void launch_argmax_merge(const ArgmaxPart* parts, int64_t rows, int world, int32
 constexpr int kSamplePhases = 8;
 void launch_sample(const Mat& logits, const SampleState& st, int32_t* out, cudaStream_t s,
                    unsigned long long* phase_ns = nullptr);
+// The sample op split over ranks (sample_split.cu; Backend::sample_part / sample_merge), one block a
+// row each, no scratch: this rank's kSampleCandidates best candidates of each logits row (columns from
+// vocabulary entry `offset`) into out [rows, kSampleCandidates]; then the pick of each row from every
+// rank's lists, parts [world, rows, kSampleCandidates], with the sample op's marks, counts and draw
+// counter.
+void launch_sample_part(const Mat& logits, int64_t offset, const SampleState& st, SampleCandidate* out,
+                        cudaStream_t s);
+void launch_sample_merge(const SampleCandidate* parts, int64_t rows, int world, const SampleState& st, int32_t* out,
+                         cudaStream_t s);
 // The logprobs op (logprobs.cu): one block per row, no scratch.
 void launch_logprobs(const Mat& logits, const int32_t* chosen, int top_n, float* chosen_lp, int32_t* top_ids,
                      float* top_lp, cudaStream_t s);

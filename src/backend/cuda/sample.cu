@@ -659,11 +659,11 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
-  uint8_t* seen = a.st.seen ? a.st.seen + int64_t(sr) * a.st.seen_ld : nullptr;
+  const uint8_t* seen = sp::seen_row(a.st, sr);
   Row<T, kCache, kScatter> row;
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
   row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
-  int32_t* counts = a.st.counts ? a.st.counts + int64_t(sr) * a.st.counts_ld : nullptr;
+  const int32_t* counts = sp::counts_row(a.st, sr);
   row.counts = sp::counts_penalise(p) ? counts : nullptr;
   row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
   row.penalty = p.repetition_penalty;
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   if ((m.sm >> 32) != 0 || (m.sm & 0xffffffffull) == 0) {
     if (rk.rank == 0 && threadIdx.x == 0) {
       a.out[r] = sp::kNoToken;
-      a.st.step[sr] = step + 1;
+      sp::record_pick(a.st, sr, sp::kNoToken);
     }
     return;
   }
@@ -718,9 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   // row-wide barrier).
   if (rk.rank == 0 && threadIdx.x == 0) {
     a.out[r] = pick;
-    if (seen) seen[pick] = 1;
-    if (counts) ++counts[pick];
-    a.st.step[sr] = step + 1;
+    sp::record_pick(a.st, sr, pick);  // the bookkeeping the CPU's ops and sample_merge share
   }
   mark(prof, kEnd);
 }
