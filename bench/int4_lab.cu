@@ -29,7 +29,8 @@
 // loads, " ws" the scale per slot, " z0" no zero points, " B" the weights in 8-row blocks (backend.h's
 // Int4Layout::Blocks8, as the CUDA backend re-lays them; "lib B" the launcher given such a weight),
 // " BP" the same blocks with each word's nibbles paired (int4gemv::kernel's kPairedNibbles: x's own
-// pairs are the B fragments; a lab layout the library does not write),
+// pairs are the B fragments; the library's order, backend.h's Int4Scales::paired, which "lib" and
+// "lib B" are given: in rows and in blocks),
 // "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
 // tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_kernel.cuh's pipelined
 // GEMM for 9..64 tokens (WN warps of W tiles a block, NT token blocks, ST stages, K split over C
@@ -106,7 +107,7 @@ void add_scalings(std::vector<Design>& v) {
 // (P)" register loads as the library takes them; " T" the weights in its tiled layout (each warp load
 // 512 contiguous bytes; the lab uploads a re-laid-out copy for these), " B" in 8-row blocks (likewise).
 // Its cp.async ring of shared-memory stages lost to register loads on every shape (an H100,
-// 2026-12-06, docs/quantization.md) and is gone.
+// 2026-12-06, docs/quantization-log.md) and is gone.
 namespace lab4 = ingot::lab::int4stream;
 template <int Layout>
 using LabLayout = std::conditional_t<Layout == 1, lab4::TileLayout, lab4::MapLayout>;
@@ -138,7 +139,7 @@ Design design_frag() {
   d.min_tokens = 4 * NT + 1;
   d.max_tokens = 8 * NT;
   d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::int4gemv::launch_xfrag<NT>(a, const_cast<void*>(a.xf), s);
+    ingot::cuda::int4gemv::launch_xfrag<NT, false>(a, const_cast<void*>(a.xf), s);
     using Sp = Split<S, U, R, false, W>;
     ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, true>,
                         dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
@@ -177,25 +178,27 @@ Design design_gemm() {
   d.min_group = Sc == Scaling::PerWeight ? 0 : 128;
   d.exact = Sc == Scaling::PerSlot;
   d.launch = [](const Args& a, cudaStream_t s) {
-    ingot::cuda::int4gemv::launch_xfrag<NT>(a, const_cast<void*>(a.xf), s);
+    ingot::cuda::int4gemv::launch_xfrag<NT, false>(a, const_cast<void*>(a.xf), s);
     ingot::cuda::int4gemm::launch_gemm<bf16, PlainOut, WN, W, NT, ST, C, true, Sc>(a, s);
   };
   return d;
 }
 
-// The library's kernels through their public launcher: Args as the Mats it takes, the weight in rows
-// or (layout 2, "lib B") in 8-row blocks.
-Design library(int layout = 0) {
+// The library's kernels through their public launcher: Args as the Mats it takes, the weight as the
+// CUDA backend re-lays it at load, nibbles paired, in rows (layout 4, "lib") or (layout 3, "lib B")
+// in 8-row blocks.
+Design library(bool blocks = false) {
   Design d;
-  d.name = layout == 2 ? "lib B" : "lib";
+  d.name = blocks ? "lib B" : "lib";
   d.max_tokens = 64;
-  d.layout = layout;
-  d.launch = [layout](const Args& a, cudaStream_t s) {
+  d.layout = blocks ? 3 : 4;
+  d.launch = [blocks](const Args& a, cudaStream_t s) {
     using ingot::DType;
     using ingot::Mat;
     Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
     Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.K / 2};
-    w.int4.layout = layout == 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
+    w.int4.layout = blocks ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
+    w.int4.paired = true;
     w.int4.data = const_cast<void*>(a.scales);
     w.int4.dtype = DType::BF16;
     w.int4.group_size = int64_t(1) << a.group_shift;
@@ -213,7 +216,7 @@ Design library(int layout = 0) {
 // The library's path, then the kernel's splits around int4_design's picks.
 std::vector<Design> designs() {
   std::vector<Design> v = {
-      library(),                library(2),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
+      library(),                library(true),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
       design<2, 2, 4, true>(),  design<4, 2, 2, false>(),  design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
       design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
@@ -342,9 +345,9 @@ int main(int argc, char** argv) {
       return p;
     };
     // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 int4_stream_lab.cuh's tiles, 2 8-row
-    // blocks, for the designs that read them; N and K multiples of 16 and 128 here).
-    // 3: 8-row blocks with each word's nibbles paired (int4_stream_lab.cuh's pair_nibbles).
-    uint8_t* pools[4] = {upload_pool(hw), nullptr, nullptr, nullptr};
+    // blocks, for the designs that read them; N and K multiples of 16 and 128 here); 3 8-row blocks and
+    // 4 rows with each word's nibbles paired (int4_stream_lab.cuh's pair_nibbles: the library's order).
+    uint8_t* pools[5] = {upload_pool(hw), nullptr, nullptr, nullptr, upload_pool(ingot::lab::int4stream::pair_nibbles(hw))};
     for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l)
       pools[l] = upload_pool(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2));
     if (pools[2])
@@ -411,7 +414,7 @@ int main(int argc, char** argv) {
         const uint8_t* base = pools[d.layout] + size_t(c) * copy;
         // The library's map of the layout (the lab's own tiles, layout 1, ignore it).
         const auto wm = ingot::cuda::int4gemv::WeightMap::of(
-            d.layout >= 2 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows, sh.K / 2, sh.K);
+            d.layout == 2 || d.layout == 3 ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows, sh.K / 2, sh.K);
         d.launch(Args{x, sh.K, base, wm, base + wbytes, sym ? nullptr : base + wbytes + sbytes, groups, nullptr,
                       y, sh.N, sh.T, sh.N, sh.K, lg, xf},
                  s);
@@ -446,7 +449,7 @@ int main(int argc, char** argv) {
       // "lib" takes the scale per slot with groups of 128+ at one token block, and where the GEMM takes
       // 9..32 tokens (weights in 8-row blocks, N >= 4K: int4_linear.cu's gemm_suits and launch_gemm).
       const bool lib = d.name.rfind("lib", 0) == 0;
-      const bool lib_gemm_slot = d.layout == 2 && sh.T > 8 && sh.T <= 32 && sh.N >= 4 * sh.K;
+      const bool lib_gemm_slot = d.layout == 3 && sh.T > 8 && sh.T <= 32 && sh.N >= 4 * sh.K;
       const bool exact_ref = d.exact || (lib && sh.G >= 128 && (sh.T <= 8 || lib_gemm_slot));
       const bool wrong = !((exact_ref ? r.worst_x : r.worst) <= 0.01);
       failed = failed || wrong;

@@ -2,7 +2,7 @@
 // with the weights re-laid out in tiles, so that every warp load is 512 contiguous bytes (Marlin
 // stores its weights that way) instead of 64 bytes of each of 8 rows.
 //
-// Why: ncu on the library's one-token kernel (an H100, 2026-12-06, docs/quantization.md) showed it
+// Why: ncu on the library's one-token kernel (an H100, 2026-12-06, docs/quantization-log.md) showed it
 // latency-bound with few warps in flight and DRAM at ~40% of its peak, while the 16-bit GEMV, whose
 // warp loads are whole 512-byte runs of one row, reaches 84%. A cp.async ring of shared-memory stages
 // per warp, tried here the same day, lost to register loads on every shape and was removed. The

@@ -220,9 +220,10 @@ TEST_P(CudaOps, Int4GraphKeepsItsScratchWhenTheScratchGrows) {
   EXPECT_EQ(g.get(victim, marks.size()), marks) << "the replay wrote a buffer allocated after the scratch grew";
 }
 
-// The CUDA backend's re-layout at load (backend.h's Int4Layout::Blocks8) is the documented byte order:
-// row 8b + g's 16-byte piece 4Q + t at ((b * K/128 + Q) * 32 + 4g + t) * 16; weights it does not apply
-// to (rows % 8, K % 128) keep their rows byte for byte.
+// The CUDA backend's re-layout at load is the documented byte order (backend.h): every 32-bit word's
+// nibbles paired (value 2c in nibble c, 2c + 1 in nibble c + 4: Int4Scales::paired), and row 8b + g's
+// 16-byte piece 4Q + t at ((b * K/128 + Q) * 32 + 4g + t) * 16 (Int4Layout::Blocks8); weights the
+// blocks do not apply to (rows % 8, K % 128) keep their rows, paired.
 TEST_P(CudaOps, Int4LoadRelayoutIsTheDocumentedByteOrder) {
   for (auto [N, K] : {std::pair<int64_t, int64_t>{24, 384}, {16, 14336}, {37, 384}, {24, 320}}) {
     const Int4Weight w = random_int4(rng_, N, K, 64, false, false, dt_);
@@ -230,14 +231,22 @@ TEST_P(CudaOps, Int4LoadRelayoutIsTheDocumentedByteOrder) {
     const Mat m = w.put(g, dt_);
     const bool blocks = N % 8 == 0 && K % 128 == 0;
     EXPECT_EQ(m.int4.layout, blocks ? Int4Layout::Blocks8 : Int4Layout::Rows) << N << " x " << K;
+    EXPECT_TRUE(m.int4.paired) << N << " x " << K;
     std::vector<uint8_t> got(w.packed.size());
     gpu_be_->download(got.data(), m.data, got.size());
-    std::vector<uint8_t> want = w.packed;
+    std::vector<uint8_t> paired = w.packed;
+    for (size_t i = 0; i < paired.size(); i += 4) {  // little-endian words
+      uint32_t v = 0, o = 0;
+      std::memcpy(&v, &paired[i], 4);
+      for (int c = 0; c < 8; ++c) o |= ((v >> (4 * c)) & 0xfu) << (4 * (c / 2 + 4 * (c % 2)));
+      std::memcpy(&paired[i], &o, 4);
+    }
+    std::vector<uint8_t> want = paired;
     if (blocks)
       for (int64_t n = 0; n < N; ++n)
         for (int64_t p = 0; p < K / 32; ++p)
           std::memcpy(&want[size_t(((n / 8 * (K / 128) + p / 4) * 32 + 4 * (n % 8) + p % 4) * 16)],
-                      &w.packed[size_t(n * (K / 2) + p * 16)], 16);
+                      &paired[size_t(n * (K / 2) + p * 16)], 16);
     EXPECT_EQ(got, want) << N << " x " << K;
   }
 }
@@ -271,6 +280,12 @@ TEST_P(CudaOps, Int4LinearRefusesWhatItCannotRun) {
   bad = w.put(g, dt_);
   bad.ld = K;
   test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); }, {"has rows of 32 bytes, not 64"});
+  // A weight in quant/int4.h's nibble order, not re-laid out at load.
+  bad = w.put(g, dt_);
+  ASSERT_TRUE(bad.int4.paired);
+  bad.int4.paired = false;
+  test::expect_error([&] { gpu_be_->linear(g.m(gx, 1, K), bad, nullptr, g.m(gy, 1, N)); },
+                     {"INT4 weight [16, 64] in quant/int4.h's nibble order", "relayout_int4"});
   // 8-row blocks claimed for a weight they cannot hold (64 columns: not whole 128-column quads).
   bad = w.put(g, dt_);
   ASSERT_EQ(bad.int4.layout, Int4Layout::Rows);

@@ -39,6 +39,28 @@ const std::vector<SampleParams> kSampleSettings = {
     {1.0f, -1, 1.0f, 0.0f, 1.0f, 0},
 };
 
+// The kinds of logits row the sample tests draw from (rnd's spread unless changed).
+enum class RowKind { Spread, Wide, Ties, AllEqual, SomeNegInf, FirstHalfNegInf, TwoDominant, Poisoned, AllNegInf, Rising };
+
+// Row l [V] of kind k; a Poisoned row gets a NaN (nan) or +inf at column `at`.
+void make_row(float* l, int64_t V, RowKind k, int64_t at, bool nan) {
+  switch (k) {
+    case RowKind::Spread: break;
+    case RowKind::Wide: for (int64_t j = 0; j < V; ++j) l[j] *= 4.0f; break;
+    case RowKind::Ties: for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f; break;
+    case RowKind::AllEqual: std::fill(l, l + V, 1.25f); break;
+    case RowKind::SomeNegInf: for (int64_t j = 0; j < V; j += 3) l[j] = -INFINITY; break;
+    case RowKind::FirstHalfNegInf: std::fill(l, l + V / 2, -INFINITY); break;
+    case RowKind::TwoDominant:
+      for (int64_t j = 0; j < V; ++j) l[j] -= 30.0f;
+      l[V / 2] = l[V / 3] = 10.0f;
+      break;
+    case RowKind::Poisoned: l[at % V] = nan ? NAN : INFINITY; break;  // no pick: -1, seen untouched
+    case RowKind::AllNegInf: std::fill(l, l + V, -INFINITY); break;  // nothing finite: -1
+    case RowKind::Rising: for (int64_t j = 0; j < V; ++j) l[j] = float(j) * (8.0f / float(V)); break;
+  }
+}
+
 std::string describe(const SampleParams& p) {
   return "temperature " + std::to_string(p.temperature) + " top_k " + std::to_string(p.top_k) + " top_p " +
          std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p) + " penalty " +
@@ -54,22 +76,9 @@ TEST_P(CudaOps, SampleMatchesCpu) {
   for (int64_t V : {int64_t(151936), int64_t(37)}) {
     const int64_t R = V > 1000 ? 18 : 64;
     std::vector<float> lg = rnd(size_t(R * V), 2.0f);
-    for (int64_t r = 0; r < R; ++r) {
-      float* l = lg.data() + r * V;
-      switch (r % 8) {
-        case 1: for (int64_t j = 0; j < V; ++j) l[j] *= 4.0f; break;
-        case 2: for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f; break;
-        case 3: std::fill(l, l + V, 1.25f); break;
-        case 4: for (int64_t j = 0; j < V; j += 3) l[j] = -INFINITY; break;
-        case 5:
-          for (int64_t j = 0; j < V; ++j) l[j] -= 30.0f;
-          l[V / 2] = l[V / 3] = 10.0f;
-          break;
-        case 6: l[(r * 13) % V] = r % 16 == 6 ? NAN : INFINITY; break;  // no pick: -1, seen untouched
-        case 7: std::fill(l, l + V, -INFINITY); break;                  // nothing finite: -1
-        default: break;
-      }
-    }
+    const RowKind kinds[] = {RowKind::Spread,     RowKind::Wide,        RowKind::Ties,     RowKind::AllEqual,
+                             RowKind::SomeNegInf, RowKind::TwoDominant, RowKind::Poisoned, RowKind::AllNegInf};
+    for (int64_t r = 0; r < R; ++r) make_row(lg.data() + r * V, V, kinds[r % 8], r * 13, r % 16 == 6);
     lg = round_dt(lg);
     std::vector<SampleParams> params(static_cast<size_t>(R));
     std::vector<uint32_t> step(static_cast<size_t>(R));
@@ -365,24 +374,11 @@ TEST_P(CudaOps, SampleSplitMatchesCpuAndWholeRow) {
   for (int64_t V : {int64_t(151936), int64_t(5003), int64_t(37)}) {
     const int64_t R = V > 100000 ? 10 : 20;
     std::vector<float> lg = rnd(size_t(R * V), 2.0f);
-    for (int64_t r = 0; r < R; ++r) {
-      float* l = lg.data() + r * V;
-      switch (r % 10) {
-        case 1: for (int64_t j = 0; j < V; ++j) l[j] *= 4.0f; break;
-        case 2: for (int64_t j = 0; j < V; ++j) l[j] = std::round(l[j] * 2.0f) / 2.0f; break;
-        case 3: std::fill(l, l + V, 1.25f); break;
-        case 4: for (int64_t j = 0; j < V; j += 3) l[j] = -INFINITY; break;
-        case 5: std::fill(l, l + V / 2, -INFINITY); break;  // the first ranks see no finite logit
-        case 6:
-          for (int64_t j = 0; j < V; ++j) l[j] -= 30.0f;
-          l[V / 2] = l[V / 3] = 10.0f;
-          break;
-        case 7: l[(r * 13) % V] = r % 20 == 7 ? NAN : INFINITY; break;  // no pick
-        case 8: std::fill(l, l + V, -INFINITY); break;                  // nothing finite: no pick
-        case 9: for (int64_t j = 0; j < V; ++j) l[j] = float(j) * (8.0f / float(V)); break;  // rising
-        default: break;
-      }
-    }
+    // FirstHalfNegInf: the first ranks see no finite logit.
+    const RowKind kinds[] = {RowKind::Spread,     RowKind::Wide,       RowKind::Ties,          RowKind::AllEqual,
+                             RowKind::SomeNegInf, RowKind::FirstHalfNegInf, RowKind::TwoDominant, RowKind::Poisoned,
+                             RowKind::AllNegInf,  RowKind::Rising};
+    for (int64_t r = 0; r < R; ++r) make_row(lg.data() + r * V, V, kinds[r % 10], r * 13, r % 20 == 7);
     lg = round_dt(lg);
     std::vector<SampleParams> params(static_cast<size_t>(R));
     std::vector<uint32_t> step(static_cast<size_t>(R));

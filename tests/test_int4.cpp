@@ -399,6 +399,11 @@ TEST(Int4Backend, EachInt4WeightIsOfferedForRelayoutOnceWhereTheBackendOwnsItsMe
   w.int4.layout = Int4Layout::Blocks8;
   test::expect_error([&] { cpu->linear(mat(x.data(), DType::F32, 1, 128), w, nullptr, mat(y.data(), DType::F32, 1, 8)); },
                      {"cpu backend: linear: INT4 weights are read in the row layout"});
+  // Rows, but with the CUDA backend's nibble order (Int4Scales::paired).
+  w.int4.layout = Int4Layout::Rows;
+  w.int4.paired = true;
+  test::expect_error([&] { cpu->linear(mat(x.data(), DType::F32, 1, 128), w, nullptr, mat(y.data(), DType::F32, 1, 8)); },
+                     {"cpu backend: linear: INT4 weights are read in the row layout"});
 }
 
 // The memory plan of an INT4 engine counts its weights packed (bytes + scales, what the engine holds)

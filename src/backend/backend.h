@@ -28,6 +28,8 @@ namespace ingot {
 //    4Q + t of row 8b + g (the CUDA decode kernels' access) then reads 512 contiguous bytes instead of
 //    64 bytes from each of 8 rows. The CUDA backend re-lays weights this way once, on the device, at
 //    load (Backend::relayout_int4); docs/quantization.md has the measurements that chose it.
+// Independently of the layout, Int4Scales::paired says in which order a 32-bit word (8 values) holds
+// its nibbles.
 enum class Int4Layout : uint8_t { Rows, Blocks8 };
 
 // The per-group parameters of an INT4 weight (src/quant/int4.h): value = (nibble - zero) * scale, one
@@ -41,6 +43,12 @@ struct Int4Scales {
   const uint8_t* zeros = nullptr;  // [rows, cols / group_size] u8 in 0..15, or null (zero 8)
   const int32_t* perm = nullptr;   // [cols] i32, a permutation of 0..cols-1, or null (identity)
   Int4Layout layout = Int4Layout::Rows;  // of the packed bytes (Mat::data)
+  // false: value 8i + c of a row in nibble c (bits 4c) of its word i, as quant/int4.h packs them (engine
+  // files, the CPU backend). true: the nibbles of each word in the value order 0 2 4 6 1 3 5 7 (value
+  // 2c in nibble c, 2c + 1 in nibble c + 4), as the CUDA backend re-lays every INT4 weight at load:
+  // its kernels take nibbles c and c + 4 of a word with one shift and mask, which are then the value
+  // pair (2c, 2c + 1) that the activations already hold side by side, so no byte permutes of x.
+  bool paired = false;
 };
 
 // A row-major 2-D view of backend memory: rows x cols elements, `ld` elements between row starts.
@@ -273,8 +281,8 @@ class Backend {
     return 0;
   }
   // Called once for each INT4 weight after its upload (a Model's load): the backend may reorder the
-  // packed bytes in place, for its kernels, into another Int4Layout of the same size, and records it in
-  // w.int4.layout. The default keeps Rows. A host-memory backend never does (its weights are the engine
+  // packed bytes in place, for its kernels, into another Int4Layout or nibble order of the same size,
+  // and records them in w.int4.layout and w.int4.paired. The default keeps Rows, unpaired. A host-memory backend never does (its weights are the engine
   // file's own bytes).
   virtual void relayout_int4(Mat& w) { (void)w; }
   // Makes sure linear() has at least `bytes` of scratch (grows, never shrinks; allocated here, so not

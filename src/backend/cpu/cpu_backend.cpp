@@ -150,7 +150,7 @@ class CpuBackend final : public Backend {
     const bool int4 = w.is_int4();
     if (int4 && (!w.int4.data || w.int4.group_size <= 0 || K % w.int4.group_size != 0 || w.ld * 2 != K))
       throw Error("cpu backend: linear: an INT4 weight needs its scales and a group size dividing its columns");
-    if (int4 && w.int4.layout != Int4Layout::Rows)
+    if (int4 && (w.int4.layout != Int4Layout::Rows || w.int4.paired))
       throw Error("cpu backend: linear: INT4 weights are read in the row layout (quant/int4.h), not another backend's");
     std::vector<float> b;
     if (bias) {

@@ -293,16 +293,10 @@ class CudaBackend final : public Backend {
     if (!invariant_ && tokens <= 1 && cols % vec == 0) return 0;
     return size_t(tokens) * size_t(cols) * dtype_size(weight_dtype);
   }
-  // INT4 weights into 8-row blocks where they apply (int4_linear.cu; backend.h's Int4Layout::Blocks8):
-  // each warp load of the decode kernels then reads 512 contiguous bytes.
-  // INGOT_CUDA_INT4_ROWS=1 keeps the rows: a temporary A/B knob of the layout's measurement (issue 12,
-  // 2026-12-06: blocks 7.5% faster at batch 1 on an H200 in one pass), kept for the interleaved
-  // repeat of docs/quantization.md's Plan 1a, then to go.
-  void relayout_int4(Mat& w) override {
-    static const bool rows = env_knob("INGOT_CUDA_INT4_ROWS", 0) == 1;
-    if (rows) return;
-    relayout_int4_blocks8(w, stream_->get());
-  }
+  // INT4 weights with their nibbles paired and in 8-row blocks where those apply (int4_linear.cu;
+  // backend.h's Int4Scales::paired and Int4Layout::Blocks8): each warp load of the decode kernels
+  // then reads 512 contiguous bytes, and x's adjacent pairs are the MMA's B fragments.
+  void relayout_int4(Mat& w) override { relayout_int4_cuda(w, stream_->get()); }
   // Grown, never moved under a Model that has one: the smaller buffer is kept until the backend goes,
   // because graphs an earlier Model captured hold its address (INT4 products past 16 rows and the
   // mixed-dtype ones write it).

@@ -262,10 +262,11 @@ bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out,
                              cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
-// Re-lays a packed INT4 weight in the Rows layout into Int4Layout::Blocks8 in place (the same bytes'
-// size, on stream s) and sets w.int4.layout; false, touching nothing, where the blocks do not apply
-// (rows % 8, columns % 128, or a block larger than the device's shared memory).
-bool relayout_int4_blocks8(Mat& w, cudaStream_t s);
+// Re-lays a packed INT4 weight of quant/int4.h's Rows layout in place (the same bytes' size, on stream
+// s) as the kernels read it: each word's nibbles paired (backend.h's Int4Scales::paired), and rows in
+// Int4Layout::Blocks8 where they apply (rows % 8 == 0, columns % 128 == 0, a block within the device's
+// shared memory); records both in w.int4. A weight the kernels would refuse is left as it is.
+void relayout_int4_cuda(Mat& w, cudaStream_t s);
 // Adds bias [N] (in bias_dtype) to every row of y.
 void launch_add_bias(const Mat& y, const void* bias, DType bias_dtype, cudaStream_t s);
 // dst = src rounded to nearest even: f32 rows into f16 or bf16 ones of the same shape (x of a

@@ -1,12 +1,12 @@
 // The INT4 weight-only product for 9..64 tokens of f16/bf16 activations, shaped as a GEMM: the
-// weights (in 8-row blocks, backend.h's Int4Layout::Blocks8) and x (in fragment order,
-// int4gemv::xfrag_kernel) streamed through a multi-stage cp.async ring in shared memory, instead of
+// weights (in 8-row blocks, backend.h's Int4Layout::Blocks8, nibbles paired or not) and x (in the
+// fragment order int4gemv::xfrag_kernel writes for the same nibble order) streamed through a multi-stage cp.async ring in shared memory, instead of
 // each warp walking K with its own register loads (int4gemv::kernel's NT > 1 instances, which
 // int4_linear.cu keeps for weights in rows). Hand-written for the same reasons as
 // int4_gemv_kernel.cuh (our packed layout and our exact dequantization).
 //
 // Why: at 16-64 tokens int4gemv::kernel is bound by each warp's chain of global loads (weights, and
-// x from L2), dequantization and MMAs (docs/quantization.md: gate/up at 64 tokens 78.6 µs on the
+// x from L2), dequantization and MMAs (docs/quantization-log.md: gate/up at 64 tokens 78.6 µs on the
 // H200, where its 3.7M MMAs take ~25 µs and its 59 MB of packed weights ~15 µs at copy bandwidth).
 // Here the block's copies of the next ST - 1 quads (128 columns) are in flight while its warps compute
 // on the current one, and one copy of x in shared memory feeds every warp of the block.

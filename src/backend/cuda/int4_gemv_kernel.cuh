@@ -17,8 +17,10 @@
 //    columns (8: tokens past the call are zero columns). A lane holds 8 weights per MMA, so 32
 //    weights take 4 MMAs (weights as B would need 8), and 1..8 tokens cost the same.
 //  - Lane (g, t) reads 16 bytes of row g and 16 of row g + 8 at the same columns; the B fragment
-//    (x at those columns, paired as the nibble pairs are) is built once with byte permutes and feeds
-//    both rows. In the 8-row-block layout (Int4Layout::Blocks8) the warp's 32 loads of one half of
+//    (x at those columns, paired as the nibble pairs are) feeds both rows. The library's weights have
+//    their nibbles paired (backend.h's Int4Scales::paired, written at load), so that x's own adjacent
+//    pairs are the B fragments; in quant/int4.h's order (the lab's unpaired designs) they are built
+//    with byte permutes. In the 8-row-block layout (Int4Layout::Blocks8) the warp's 32 loads of one half of
 //    the tile are 512 contiguous bytes; in rows they are 64 bytes of each of 8 rows.
 //  - Two accumulators alternate so consecutive MMAs do not wait on each other.
 //  - Dequantization is exact: a shift and one lop3 place two nibbles in the mantissas of the
@@ -119,10 +121,11 @@ struct Args {
 // past T or K), so a warp's load is 512 contiguous bytes, already paired as the MMA's B fragments
 // take them (b_fragments below): (c, c+4) (c+1, c+5) (c+2, c+6) (c+3, c+7), i.e. both fragments of
 // h = 0 then of h = 1. The kernel then needs no byte permutes of x (at 8 blocks they were 128 a slot,
-// as many instructions as the dequantization's).
+// as many instructions as the dequantization's). kPaired (weights with paired nibbles, the library's):
+// the fragments are x's own pairs (c, c+1) (c+2, c+3) (c+4, c+5) (c+6, c+7), the 16 bytes as read.
 inline constexpr int64_t xfrag_bytes(int64_t K, int NT) { return (K + 127) / 128 * 4 * NT * 32 * 16; }
 
-template <int NT>
+template <int NT, bool kPaired>
 __global__ void xfrag_kernel(Args a, uint4* xf) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t n = xfrag_bytes(a.K, NT) / 16;
@@ -136,17 +139,21 @@ __global__ void xfrag_kernel(Args a, uint4* xf) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (tok < a.T && col < a.K)
     v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(tok) * a.x_ld + col);
-  uint32_t B0[2], B1[2];
-  b_fragments(v.x, v.y, v.z, v.w, 0, B0);
-  b_fragments(v.x, v.y, v.z, v.w, 1, B1);
-  xf[i] = make_uint4(B0[0], B0[1], B1[0], B1[1]);
+  if constexpr (!kPaired) {
+    uint32_t B0[2], B1[2];
+    b_fragments(v.x, v.y, v.z, v.w, 0, B0);
+    b_fragments(v.x, v.y, v.z, v.w, 1, B1);
+    v = make_uint4(B0[0], B0[1], B1[0], B1[1]);
+  }
+  xf[i] = v;
 }
 
-// x of a call into fragment order for NT blocks at xf (xfrag_bytes(a.K, NT) bytes), on stream s.
-template <int NT>
+// x of a call into fragment order for NT blocks at xf (xfrag_bytes(a.K, NT) bytes), on stream s, for
+// weights whose nibbles are paired (kPaired: the library's) or not.
+template <int NT, bool kPaired>
 inline void launch_xfrag(const Args& a, void* xf, cudaStream_t s) {
   const int64_t n = xfrag_bytes(a.K, NT) / 16;
-  launch("int4_xfrag_kernel", xfrag_kernel<NT>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
+  launch("int4_xfrag_kernel", xfrag_kernel<NT, kPaired>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, a,
          static_cast<uint4*>(xf));
 }
 
@@ -213,9 +220,10 @@ struct Slot {
   uint32_t zma, sa, zmb, sb;
 };
 
-// The MMA's A fragment from word j of a slot's two rows (wa, wb): pairs c = 2h (k slots 2t, 2t+1) and
-// c = 2h + 1 (slots 2t+8, 2t+9), i.e. columns (8j+2h, 8j+2h+4) and (8j+2h+1, 8j+2h+5); A rows g
-// (a0, a2) and g + 8 (a1, a3).
+// The MMA's A fragment from word j of a slot's two rows (wa, wb): nibble pairs c = 2h (k slots 2t,
+// 2t+1) and c = 2h + 1 (slots 2t+8, 2t+9), i.e. nibbles (2h, 2h+4) and (2h+1, 2h+5) (columns
+// (8j+2h, 8j+2h+4) and (8j+2h+1, 8j+2h+5) in quant/int4.h's order, (8j+4h, 8j+4h+1) and (8j+4h+2,
+// 8j+4h+3) paired); A rows g (a0, a2) and g + 8 (a1, a3).
 template <typename T>
 __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t wb, int h, uint32_t (&A)[4]) {
   A[0] = dequant_pair<T>(wa, 8 * h, sl.zma, sl.sa);
@@ -232,7 +240,7 @@ __device__ __forceinline__ void a_fragment(const Slot& sl, uint32_t wa, uint32_t
 //    2^e patterns, no HMUL2), a slot's sums are kept apart in f32 and multiplied by the scale once
 //    (an FFMA per accumulator value). So the product is that of the stored values up to f32
 //    summation, without PerWeight's rounding of each weight to 16 bits (2^-9 relative for bf16): the
-//    lab's error against the exact product fell from 0.018 to 0.003 (docs/quantization.md), at the
+//    lab's error against the exact product fell from 0.018 to 0.003 (docs/quantization-log.md), at the
 //    same end-to-end speed at one token (an H100, 2026-12-06: 335.7 against 338.5 tok/s in one call,
 //    within the noise); 4% slower with several token blocks, which keep PerWeight.
 enum class Scaling { PerWeight, PerSlot };
@@ -319,10 +327,12 @@ inline unsigned grid_blocks(const Args& a) {
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows (quad
 // (i * S + part) * U + u), so a warp's slots of one step cover U quads (128U columns) of each of its 16
-// rows and the S warps of a tile interleave by step. Word j of a piece (columns 8j .. 8j + 7 of the piece) feeds two MMAs: k slots
-// (2t, 2t+1 | 2t+8, 2t+9) hold columns (8j, 8j+4 | 8j+1, 8j+5), then (8j+2, 8j+6 | 8j+3, 8j+7): the
-// nibble pairs a shift and a mask give, and x is paired the same way with byte permutes, so every
-// product pairs a weight with its own input column in either layout.
+// rows and the S warps of a tile interleave by step. Word j of a piece (columns 8j .. 8j + 7 of the
+// piece) feeds two MMAs with the nibble pairs a shift and a mask give: k slots (2t, 2t+1 | 2t+8,
+// 2t+9) hold nibbles (0, 4 | 1, 5), then (2, 6 | 3, 7), which are columns (8j, 8j+1 | 8j+2, 8j+3) then
+// (8j+4, 8j+5 | 8j+6, 8j+7) with paired nibbles (x's own pairs), else columns (8j, 8j+4 | 8j+1, 8j+5)
+// then (8j+2, 8j+6 | 8j+3, 8j+7) (x paired the same way with byte permutes), so every product pairs a
+// weight with its own input column in either order and either layout.
 //
 // NT > 1 (up to 8 NT tokens; the library takes NT = 2 for 9..16, 4 and 8 with kFragX for 17..64): the
 // same tile and loads, NT MMA column blocks of 8 tokens. Each word's two A fragments are dequantized
@@ -330,7 +340,7 @@ inline unsigned grid_blocks(const Args& a) {
 // bytes), so the dequantization is shared by all the tokens and consecutive MMAs write different
 // accumulators. kFragX: x read from a.xf, in fragment order (xfrag_kernel above): read from [T, K]
 // at 4 and 8 blocks, the x loads set the time and ran slower than dequantize + cuBLASLt on the H200
-// (docs/quantization.md).
+// (docs/quantization-log.md).
 // W (NT > 1 only): 16-row tiles per warp, the tile rows n0 + 16w + g and + 8 for w < W. Each lane's
 // x loads of a word (NT x 16 bytes) and the B fragments built from them feed the W tiles' MMAs: a
 // tile reads all of x once, so at 16-64 tokens x is most of what the tiles read (from L2: 64 tokens
@@ -339,10 +349,12 @@ inline unsigned grid_blocks(const Args& a) {
 // weights without zero points (symmetric, zero 8; a.zeros null) the instance loads none and its
 // 2^e + 8 pattern is a constant, which takes a byte load, a broadcast and a test per slot and row off
 // the loop; true reads a.zeros where it is set.
-// kPairedNibbles (a lab layout, one token block only; bench/int4_lab.cu's " BP" designs): each 32-bit
-// word holds its 8 columns in the nibble order 0 2 4 6 1 3 5 7, so the pair a shift and a mask give
-// (nibbles c, c + 4) is the column pair (2c, 2c + 1) and the B fragment is x's own pairs, no byte
-// permutes (16 a slot of the one-token loop's ~140 instructions).
+// kPairedNibbles (the library's weights, backend.h's Int4Scales::paired; false for the lab's unpaired
+// designs): each 32-bit word holds its 8 columns in the nibble order 0 2 4 6 1 3 5 7, so the pair a
+// shift and a mask give (nibbles c, c + 4) is the column pair (2c, 2c + 1) and the B fragment is x's
+// own pairs, no byte permutes (16 a slot of the one-token loop's ~140 instructions; an H100,
+// 2026-12-07: 2-8% less time a product at one token, docs/quantization.md). With kFragX, x in
+// fragment order must have been written for the same order (launch_xfrag's kPaired).
 template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true,
           Scaling kScaling = Scaling::PerWeight, bool kPairedNibbles = false>
 __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
@@ -352,7 +364,6 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   static_assert(NT > 1 || W == 1, "several tiles a warp share x across token blocks");
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit activations only");
   static_assert(NT == 1 || kScaling == Scaling::PerWeight, "scales per slot: one token block only");
-  static_assert(NT == 1 || !kPairedNibbles, "the paired nibble order: one token block only");
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
   const int r = warp / S, part = warp % S;
   // The warp's first output (tile w's at n0 + w * kSpan).
@@ -470,7 +481,7 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
           uint32_t B[NT][2];  // token block b's B fragment, shared by the W tiles
 #pragma unroll
           for (int b = 0; b < NT; ++b) {
-            if constexpr (kFragX) {
+            if constexpr (kFragX || kPairedNibbles) {  // fragment order, or x's own pairs
               B[b][0] = h ? xw[b].z : xw[b].x, B[b][1] = h ? xw[b].w : xw[b].y;
             } else {
               b_fragments(xw[b].x, xw[b].y, xw[b].z, xw[b].w, h, B[b]);
@@ -533,7 +544,7 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
 
   const int steps = (pieces + kStepPieces - 1) / kStepPieces;
   // Steps before `full` lie wholly inside K and run without the per-slot checks against it (the
-  // H200, 2026-12-03: 7-15% less time a product at 1-64 tokens, docs/quantization.md); the rest (at
+  // H200, 2026-12-03: 7-15% less time a product at 1-64 tokens, docs/quantization-log.md); the rest (at
   // most one) keep them.
   const int full = pieces / kStepPieces;
   int i = 0;

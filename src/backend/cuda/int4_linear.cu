@@ -1,9 +1,10 @@
 // INT4 weight-only linear (W4A16): y = x w^T (+bias) with w packed as quant/int4.h lays it out, rows
-// of [K/2] bytes, value k in byte k/2 low nibble first, value = (nibble - zero) * scale of its group;
-// or, after relayout_int4_blocks8 below (the backend's relayout_int4, once at load), in 8-row blocks
-// (backend.h's Int4Layout::Blocks8). Every kernel here reads 16-byte pieces (32 values, always inside
-// one group since groups are powers of two >= 32) through int4gemv::WeightMap, which places a piece
-// in either layout.
+// of [K/2] bytes, value = (nibble - zero) * scale of its group, re-laid by relayout_int4_cuda below
+// (the backend's relayout_int4, once at load): each 32-bit word's nibbles paired (backend.h's
+// Int4Scales::paired), and rows in 8-row blocks where they apply (Int4Layout::Blocks8). Every kernel
+// here reads 16-byte pieces (32 values, always inside one group since groups are powers of two >= 32)
+// through int4gemv::WeightMap, which places a piece in either layout, and takes the paired order only
+// (check_int4_weight refuses a weight that was not re-laid).
 //
 // Three kernels:
 //  - int4gemv::kernel (int4_gemv_kernel.cuh; f16/bf16, 1..64 tokens, decode): the weights as the MMA's
@@ -14,7 +15,7 @@
 //    below), or two, four or eight (launch_blocks; from four on with x first reordered into the
 //    scratch). It
 //    replaced int4_mma_kernel (tokens as the A rows, weights as B), slower at every token count
-//    (docs/quantization.md, 2026-12-03).
+//    (docs/quantization-log.md, 2026-12-03).
 //  - int4_gemv_f32_kernel (f32 engines, 1..16 tokens): a warp per output row, values dequantized
 //    exactly in f32 ((nibble - zero) * scale, one f32 product, as the CPU reference) and f32 FMAs.
 //  - int4_dequant_kernel (wider products, act-order weights, batch-invariant mode): the weight into a
@@ -57,6 +58,10 @@ using int4gemv::dequant_pair;
 using int4gemv::Pair;
 using int4gemv::Split;
 
+// The nibble of a paired word (backend.h's Int4Scales::paired) that holds its value c (0..7): 2c' in
+// nibble c', 2c' + 1 in nibble c' + 4.
+__host__ __device__ constexpr int paired_nibble(int c) { return (c >> 1) + 4 * (c & 1); }
+
 // f32 activations: a warp per output row, each lane 32 values (16 bytes) per step; up to NT tokens.
 template <int NT>
 __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) {
@@ -79,9 +84,9 @@ __global__ void __launch_bounds__(kWarps * 32) int4_gemv_f32_kernel(Int4Args a) 
     const float s = scales[grp];
     const int z = zeros ? int(zeros[grp]) : 8;
     const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-    float wv[32];
+    float wv[32];  // value 8j + c of the piece in nibble paired_nibble(c) of word j
 #pragma unroll
-    for (int i = 0; i < 32; ++i) wv[i] = float(int((words[i / 8] >> (4 * (i % 8))) & 0xfu) - z) * s;
+    for (int i = 0; i < 32; ++i) wv[i] = float(int((words[i / 8] >> (4 * paired_nibble(i % 8))) & 0xfu) - z) * s;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= a.T) break;
@@ -127,20 +132,19 @@ __global__ void int4_dequant_kernel(DequantArgs a) {
     alignas(16) T v[8];
     if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = float(int((word >> (4 * i)) & 0xfu) - z) * s;
+      for (int i = 0; i < 8; ++i) v[i] = float(int((word >> (4 * paired_nibble(i))) & 0xfu) - z) * s;
       if (!a.perm) {
         reinterpret_cast<float4*>(out + k0)[0] = reinterpret_cast<const float4*>(v)[0];
         reinterpret_cast<float4*>(out + k0)[1] = reinterpret_cast<const float4*>(v)[1];
         continue;
       }
     } else {
-      // The decode kernel's pairs, so both paths use the same 16-bit weights bit for bit.
+      // The decode kernel's pairs, so both paths use the same 16-bit weights bit for bit: nibbles (c,
+      // c+4) of a paired word are values (2c, 2c+1), already in output order.
       const uint32_t zm = (Pair<T>::kMagic | uint32_t(z)) * 0x00010001u, s2 = bits_of(s) * 0x00010001u;
-      uint32_t p[4];
+      uint32_t o[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) p[c] = dequant_pair<T>(word, 4 * c, zm, s2);  // values (c, c+4)
-      uint32_t o[4] = {__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410),
-                       __byte_perm(p[0], p[1], 0x7632), __byte_perm(p[2], p[3], 0x7632)};  // (0,1) (2,3) (4,5) (6,7)
+      for (int c = 0; c < 4; ++c) o[c] = dequant_pair<T>(word, 4 * c, zm, s2);
       if (!a.perm) {
         *reinterpret_cast<uint4*>(out + k0) = make_uint4(o[0], o[1], o[2], o[3]);
         continue;
@@ -155,9 +159,22 @@ __global__ void int4_dequant_kernel(DequantArgs a) {
   }
 }
 
-// Rows -> Blocks8 (backend.h's Int4Layout) in place, one 8-row block a thread block: rows 8b .. 8b + 7
-// are the same 4K contiguous bytes in both layouts, so the block is read whole into shared memory and
-// written back in block order (16-byte piece i = 32Q + 4g + t from row g's piece 4Q + t).
+// A word of quant/int4.h's order (value c in nibble c) in the paired order (backend.h's
+// Int4Scales::paired: value 2c in nibble c, 2c + 1 in nibble c + 4).
+__device__ __forceinline__ uint32_t pair_word(uint32_t v) {
+  uint32_t o = 0;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) o |= ((v >> (4 * c)) & 0xfu) << (4 * paired_nibble(c));
+  return o;
+}
+__device__ __forceinline__ uint4 pair_piece(uint4 v) {
+  return make_uint4(pair_word(v.x), pair_word(v.y), pair_word(v.z), pair_word(v.w));
+}
+
+// Rows -> Blocks8 (backend.h's Int4Layout) in place, nibbles paired, one 8-row block a thread block:
+// rows 8b .. 8b + 7 are the same 4K contiguous bytes in both layouts, so the block is read whole into
+// shared memory and written back in block order (16-byte piece i = 32Q + 4g + t from row g's piece
+// 4Q + t).
 __global__ void int4_blocks8_kernel(uint8_t* w, int K) {
   extern __shared__ uint4 block_pieces[];  // [8, K/32] the block as rows
   uint4* blk = reinterpret_cast<uint4*>(w + int64_t(blockIdx.x) * 4 * K);
@@ -168,7 +185,18 @@ __global__ void int4_blocks8_kernel(uint8_t* w, int K) {
   __syncthreads();
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
     const int q = i >> 5, g = (i >> 2) & 7, t = i & 3;
-    blk[i] = block_pieces[g * pieces + 4 * q + t];
+    blk[i] = pair_piece(block_pieces[g * pieces + 4 * q + t]);
+  }
+}
+
+// The rows' nibbles paired in place (weights the blocks do not take): one thread a 16-byte piece.
+__global__ void int4_pair_rows_kernel(uint8_t* w, int64_t ld, int64_t rows, int64_t pieces_per_row) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t total = rows * pieces_per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    uint4* p = reinterpret_cast<uint4*>(w + (i / pieces_per_row) * ld) + i % pieces_per_row;
+    *p = pair_piece(*p);
   }
 }
 
@@ -200,6 +228,10 @@ void check_int4_weight(const Mat& w, DType scale_dtype, const char* op) {
                      : "build the engine in the backend's dtype"));
   if (!aligned16(w.data, w.ld, 1))
     throw Error(std::string("cuda backend: ") + op + ": INT4 weight rows must start on 16-byte boundaries");
+  if (!q.paired)
+    throw Error(std::string("cuda backend: ") + op + ": an INT4 weight [" + std::to_string(w.rows) + ", " +
+                std::to_string(w.cols) + "] in quant/int4.h's nibble order: the CUDA kernels read weights "
+                "re-laid out at load (Backend::relayout_int4)");
   if (q.layout == Int4Layout::Blocks8 && (w.rows % 8 != 0 || w.cols % 128 != 0))
     throw Error(std::string("cuda backend: ") + op + ": an INT4 weight [" + std::to_string(w.rows) + ", " +
                 std::to_string(w.cols) + "] in 8-row blocks needs rows % 8 == 0 and columns % 128 == 0");
@@ -211,27 +243,25 @@ namespace {
 
 // The one-token-block instances of int4_gemv_kernel.cuh the library compiles: S warps per 16-row
 // tile, U loads per lane and row in flight, R tiles per block.
-enum class Int4Design { S8U1R1, S16U1R1, S16U2R1, S4U4R1, S8U4R1 };
+enum class Int4Design { S8U1R1, S8U2R1, S8U4R1, S16U1R1, S16U2R1 };
 
-// The instance for a product of N rows of K columns, as bench/int4_lab.cu measured them on the H200
-// (2026-12-02, bf16, group 128, one token; µs per call, best against the next best; figures in
-// docs/quantization.md), with the two changes that held in both H100 labs of 2026-12-06 (the other
-// rankings of those two runs contradicted each other: the lab's order of designs biased them):
-//  - K <= 1024 (Qwen3-0.6B's QKV and gate/up): 8 warps a tile, one load each (N = 4096: 2.66 µs on
-//    the H200; N = 6144 on the H100: 2.71-2.96 against 3.09-4.52 for two loads, whose one step of 64
-//    pieces overran K = 1024's 32 and so ran every slot checked since e25ccf0).
+// The instance for a product of N rows of K columns. bench/int4_lab.cu on an H100 (2026-12-07, bf16,
+// group 128, one token, symmetric weights in 8-row blocks with paired nibbles and the scale per slot,
+// best of 6 rounds; µs per call, the pick against the earlier pick in the same run; the figures of every
+// split in docs/quantization.md):
+//  - K <= 1024 (Qwen3-0.6B's QKV and gate/up): 8 warps a tile, one load each (2.56 / 2.75; 4 warps
+//    with four loads 3.04 / 3.52).
 //  - K 2048-3072 with N = 1024 (its O and down): 16 warps a tile, 64 tiles being too few to fill the
-//    GPU otherwise (2.64 against 2.85; 3.08 against 3.61).
-//  - K = 4096: N = 4096 (O) 16 warps a tile (5.90 against 6.28); N = 6144 (QKV) 4 warps with four
-//    loads, not pipelined (the H100: 7.53 / 8.20 against 10.73 / 10.59 pipelined; the H200 had the
-//    pipelined one 2-3% ahead); N = 24576-28672 (gate/up) 4 warps, not pipelined (26.1 / 29.1 against
-//    28.5 / 32.8).
-//  - Longer rows (down, K = 12288-14336): 8 warps, four loads each (13.9 / 16.3 against 16.6-19.5).
+//    GPU otherwise (O 2.04; down 2.74 with two loads, kept as the H200 measured it, 2.72 with one).
+//  - K = 4096: N = 4096 (O) 8 warps with four loads (4.69 against 6.28 for 16 warps with one);
+//    N = 6144 (QKV) 8 warps with two loads (6.60 against 6.93 for 4 warps with four); N = 24576-28672
+//    (gate/up) 8 warps with one load (27.32 / 24.28 against 29.01 / 25.56 for 4 warps with four).
+//  - Longer rows (down, K = 12288-14336): 8 warps, four loads each (12.78 / 10.86).
 Int4Design int4_design(int N, int K) {
   if (K <= 1024) return Int4Design::S8U1R1;
   if (K <= 2048) return Int4Design::S16U1R1;
   if (K <= 3072) return Int4Design::S16U2R1;
-  if (K <= 8192) return N <= 4096 ? Int4Design::S16U1R1 : Int4Design::S4U4R1;
+  if (K <= 8192) return N <= 4096 ? Int4Design::S8U4R1 : N <= 8192 ? Int4Design::S8U2R1 : Int4Design::S8U1R1;
   return Int4Design::S8U4R1;
 }
 
@@ -244,9 +274,9 @@ template <typename T, class Out, class Sp, bool kZeros>
 void launch_one_block(const int4gemv::Args& a, const dim3& grid, const dim3& block, cudaStream_t s) {
   using int4gemv::Scaling;
   if (a.group_shift >= 7)
-    return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros, Scaling::PerSlot>, grid, block,
+    return launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros, Scaling::PerSlot, true>, grid, block,
                   0, s, a);
-  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros>, grid, block, 0, s, a);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, 1, false, Out, kZeros, Scaling::PerWeight, true>, grid, block, 0, s, a);
 }
 
 template <typename T, class Out, class Sp, int NT = 1, bool X = false>
@@ -256,7 +286,7 @@ void launch_design(const int4gemv::Args& a, cudaStream_t s) {
     if (a.zeros) return launch_one_block<T, Out, Sp, true>(a, grid, block, s);
     return launch_one_block<T, Out, Sp, false>(a, grid, block, s);
   }
-  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true>, grid, block, 0, s, a);
+  launch("int4_gemv_kernel", int4gemv::kernel<T, Sp, NT, X, Out, true, int4gemv::Scaling::PerWeight, true>, grid, block, 0, s, a);
 }
 
 // Whether int4gemm::gemm_kernel takes the call: weights in 8-row blocks (K a multiple of 128), for
@@ -304,7 +334,7 @@ void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
 // 9..64 tokens: NT = 2, 4 or 8 token blocks (int4gemv::token_blocks), from 4 blocks on with x first
 // reordered into the scratch (int4gemv::xfrag_kernel). The split bench/int4_lab.cu measured fastest
 // on the H200 (2026-12-03, bf16, group 128, Llama-3.1-8B's products; µs per call, both launches,
-// against the next best split of the same run; docs/quantization.md):
+// against the next best split of the same run; docs/quantization-log.md):
 //  - 16 tokens: two tiles a warp with two loads per lane and row for N <= 4096 or long rows (O 8.75
 //    against 9.27, down 24.13 against 25.42), one tile and one load for QKV (12.13; two tiles 11.99), and four warps a
 //    pair of tiles with one load for gate/up (41.02 against 42.69): at 16 tokens a tile reads 128 KB
@@ -319,13 +349,13 @@ void launch_gemm(const int4gemv::Args& a, cudaStream_t s) {
 template <typename T, class Out, int NT>
 void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
   if (gemm_suits<Out>(a)) {
-    int4gemv::launch_xfrag<NT>(a, xf, s);
+    int4gemv::launch_xfrag<NT, true>(a, xf, s);
     a.xf = xf;
     return launch_gemm<T, Out, NT>(a, s);
   }
   constexpr bool X = NT >= int4gemv::kFragBlocks;
   if constexpr (X) {
-    int4gemv::launch_xfrag<NT>(a, xf, s);
+    int4gemv::launch_xfrag<NT, true>(a, xf, s);
     a.xf = xf;
   }
   if constexpr (NT == 2) {
@@ -354,10 +384,10 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
   }
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, Out, Split<8, 1, 1, false>>(a, s);
+    case Int4Design::S8U2R1: return launch_design<T, Out, Split<8, 2, 1, false>>(a, s);
+    case Int4Design::S8U4R1: return launch_design<T, Out, Split<8, 4, 1, false>>(a, s);
     case Int4Design::S16U1R1: return launch_design<T, Out, Split<16, 1, 1, false>>(a, s);
     case Int4Design::S16U2R1: return launch_design<T, Out, Split<16, 2, 1, false>>(a, s);
-    case Int4Design::S4U4R1: return launch_design<T, Out, Split<4, 4, 1, false>>(a, s);
-    case Int4Design::S8U4R1: return launch_design<T, Out, Split<8, 4, 1, false>>(a, s);
   }
 }
 
@@ -432,22 +462,30 @@ bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out,
   return true;
 }
 
-bool relayout_int4_blocks8(Mat& w, cudaStream_t s) {
-  if (!w.is_int4() || w.int4.layout != Int4Layout::Rows || w.rows % 8 != 0 || w.cols % 128 != 0 ||
-      w.ld * 2 != w.cols || w.rows > INT32_MAX || !aligned16(w.data, w.ld, 1))
-    return false;
-  // An 8-row block of 4K bytes must fit one block's shared memory (K up to ~58k on sm_90).
+void relayout_int4_cuda(Mat& w, cudaStream_t s) {
+  // A weight the kernels cannot take anyway stays as it is: check_int4_weight names its fault.
+  if (!w.is_int4() || w.int4.paired || w.int4.layout != Int4Layout::Rows || w.ld * 2 != w.cols || w.cols % 32 != 0 ||
+      w.rows > INT32_MAX || !aligned16(w.data, w.ld, 1))
+    return;
+  // 8-row blocks where the rows come in eights of whole 128-column quads and a block of 4K bytes fits
+  // one block's shared memory (K up to ~58k on sm_90).
   int dev = 0, optin = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
   const size_t smem = size_t(w.cols) * 4;
-  if (smem > size_t(optin)) return false;
-  check(cudaFuncSetAttribute(int4_blocks8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-        "int4 re-layout shared memory");
-  launch("int4_blocks8_kernel", int4_blocks8_kernel, dim3(unsigned(w.rows / 8)), dim3(256), smem, s,
-         static_cast<uint8_t*>(w.data), int(w.cols));
-  w.int4.layout = Int4Layout::Blocks8;
-  return true;
+  if (w.rows % 8 == 0 && w.cols % 128 == 0 && smem <= size_t(optin)) {
+    check(cudaFuncSetAttribute(int4_blocks8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "int4 re-layout shared memory");
+    launch("int4_blocks8_kernel", int4_blocks8_kernel, dim3(unsigned(w.rows / 8)), dim3(256), smem, s,
+           static_cast<uint8_t*>(w.data), int(w.cols));
+    w.int4.layout = Int4Layout::Blocks8;
+  } else {
+    const int64_t pieces = w.rows * (w.cols / 32);
+    const unsigned blocks = unsigned(std::min<int64_t>((pieces + 255) / 256, int64_t(1) << 16));
+    launch("int4_pair_rows_kernel", int4_pair_rows_kernel, dim3(blocks), dim3(256), 0, s,
+           static_cast<uint8_t*>(w.data), w.ld, w.rows, w.cols / 32);
+  }
+  w.int4.paired = true;
 }
 
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s) {
