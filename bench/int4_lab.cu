@@ -22,7 +22,8 @@
 // same against the product of the unrounded (nibble - zero) * scale, which Scaling::PerSlot computes
 // and is checked against). INGOT_LAB_SYM=1: weights without zero points (every zero 8), as RTN builds
 // them; the " z0" designs run only then. Designs: "lib" the library's launcher (its choice of
-// instance), "S4 U2 R2 P" etc. the kernel with S warps per 16-row tile, U 16-byte loads per lane and
+// instance), "norm+lib B" the library's add + RMSNorm and then "lib B" (what the norm adds to a step's
+// chain), "S4 U2 R2 P" etc. the kernel with S warps per 16-row tile, U 16-byte loads per lane and
 // row in flight, R tiles per block, P pipelined, "N2" two blocks of 8 token columns (timed at 9..16
 // tokens, the single-block ones at 1..8), "N4 X" / "N8 X" four / eight blocks with x reordered first
 // (17..32 / 33..64; both launches timed), " W2" / " W4" two / four 16-row tiles a warp sharing its x
@@ -184,39 +185,70 @@ Design design_gemm() {
   return d;
 }
 
-// The library's kernels through their public launcher: Args as the Mats it takes, the weight as the
-// CUDA backend re-lays it at load, nibbles paired, in rows (layout 4, "lib") or (layout 3, "lib B")
-// in 8-row blocks.
+// The buffers of the add + RMSNorm launched before the product in "norm+lib B" (allocated per shape by
+// main): the residual [T, K] it adds x into, its output [T, K] and its weight [K], bf16. The product
+// still reads the shape's x, so its result is checked as the other designs' are; in the graph it
+// waits for the norm as a model's product waits for the norm whose output it reads.
+struct NormChain {
+  void* resid = nullptr;
+  void* out = nullptr;
+  void* weight = nullptr;
+};
+
+// The library's product through its public launcher: Args as the Mats it takes, the weight as the
+// CUDA backend re-lays it at load, nibbles paired, in 8-row blocks or rows.
+void launch_library(const Args& a, bool blocks, cudaStream_t s) {
+  using ingot::DType;
+  using ingot::Mat;
+  Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
+  Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.K / 2};
+  w.int4.layout = blocks ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
+  w.int4.paired = true;
+  w.int4.data = const_cast<void*>(a.scales);
+  w.int4.dtype = DType::BF16;
+  w.int4.group_size = int64_t(1) << a.group_shift;
+  w.int4.zeros = const_cast<uint8_t*>(a.zeros);
+  Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
+  if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, const_cast<void*>(a.xf),
+                                     ingot::cuda::int4_decode_scratch_bytes(DType::BF16, a.T, a.K), s)) {
+    std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
+    std::exit(1);
+  }
+}
+
+// "lib" (rows, layout 4) and "lib B" (8-row blocks, layout 3).
 Design library(bool blocks = false) {
   Design d;
   d.name = blocks ? "lib B" : "lib";
   d.max_tokens = 64;
   d.layout = blocks ? 3 : 4;
-  d.launch = [blocks](const Args& a, cudaStream_t s) {
+  d.launch = [blocks](const Args& a, cudaStream_t s) { launch_library(a, blocks, s); };
+  return d;
+}
+
+// "norm+lib B": the library's add + RMSNorm of the call's T rows (x added into the residual), then
+// "lib B" waiting for it (programmatic dependent launch, as in a model's step). Its time less lib B's
+// is what the norm kernel adds to the chain of a decode step: the most that fusing the norm into the
+// product's prologue could save (docs/quantization.md, Plan).
+Design library_after_norm(const NormChain* nc) {
+  Design d;
+  d.name = "norm+lib B";
+  d.max_tokens = 64;
+  d.layout = 3;
+  d.launch = [nc](const Args& a, cudaStream_t s) {
     using ingot::DType;
-    using ingot::Mat;
-    Mat x{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
-    Mat w{const_cast<uint8_t*>(a.w), DType::U8, a.N, a.K, a.K / 2};
-    w.int4.layout = blocks ? ingot::Int4Layout::Blocks8 : ingot::Int4Layout::Rows;
-    w.int4.paired = true;
-    w.int4.data = const_cast<void*>(a.scales);
-    w.int4.dtype = DType::BF16;
-    w.int4.group_size = int64_t(1) << a.group_shift;
-    w.int4.zeros = const_cast<uint8_t*>(a.zeros);
-    Mat y{a.y, DType::BF16, a.T, a.N, a.y_ld};
-    if (!ingot::cuda::launch_int4_gemv(x, w, a.bias, y, const_cast<void*>(a.xf),
-                                       ingot::cuda::int4_decode_scratch_bytes(DType::BF16, a.T, a.K), s)) {
-      std::fprintf(stderr, "the library's INT4 launcher refused the call\n");
-      std::exit(1);
-    }
+    const ingot::Mat resid{nc->resid, DType::BF16, a.T, a.K, a.K}, out{nc->out, DType::BF16, a.T, a.K, a.K};
+    const ingot::Mat delta{const_cast<void*>(a.x), DType::BF16, a.T, a.K, a.x_ld};
+    ingot::cuda::launch_add_rmsnorm(resid, &delta, nc->weight, DType::BF16, 1e-6f, out, s);
+    launch_library(a, true, s);
   };
   return d;
 }
 
-// The library's path, then the kernel's splits around int4_design's picks.
-std::vector<Design> designs() {
+// The library's path (and behind its norm), then the kernel's splits around int4_design's picks.
+std::vector<Design> designs(const NormChain* nc) {
   std::vector<Design> v = {
-      library(),                library(true),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
+      library_after_norm(nc),   library(),                library(true),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
       design<2, 2, 4, true>(),  design<4, 2, 2, false>(),  design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
       design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
@@ -257,6 +289,7 @@ std::vector<Design> designs() {
   for (Design d : {design_gemm<4, 1, 2, 4, 1, kSlot>(), design_gemm<8, 1, 2, 4, 1, kSlot>(),
                    design_gemm<4, 2, 2, 4, 1, kSlot>(), design_gemm<4, 1, 2, 4, 2, kSlot>(),
                    design_gemm<4, 1, 4, 4, 1, kSlot>(), design_gemm<8, 1, 4, 4, 1, kSlot>(),
+                   design_gemm<4, 1, 4, 4, 2, kSlot>(),
                    design_gemm<4, 1, 8, 3, 1, kSlot>(), design_gemm<4, 2, 8, 3, 1, kSlot>()})
     v.push_back(d);
   return v;
@@ -400,7 +433,16 @@ int main(int argc, char** argv) {
       cudaGraphExec_t ge;
       double worst, worst_x, us;
     };
-    std::vector<Design> all = designs();
+    NormChain nc;  // "norm+lib B"'s buffers: the residual and output [T, K], the weight [K] (ones)
+    ck(cudaMalloc(&nc.resid, size_t(sh.T) * size_t(sh.K) * 2), "malloc");
+    ck(cudaMalloc(&nc.out, size_t(sh.T) * size_t(sh.K) * 2), "malloc");
+    ck(cudaMalloc(&nc.weight, size_t(sh.K) * 2), "malloc");
+    ck(cudaMemset(nc.resid, 0, size_t(sh.T) * size_t(sh.K) * 2), "memset");
+    {
+      const std::vector<bf16> ones(size_t(sh.K), __float2bfloat16_rn(1.0f));
+      ck(cudaMemcpy(nc.weight, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice), "upload");
+    }
+    std::vector<Design> all = designs(&nc);
     std::vector<Run> runs;
     for (const Design& d : all) {
       if (!ingot::lab::selected("INGOT_LAB_DESIGN", d.name)) continue;
@@ -448,7 +490,7 @@ int main(int argc, char** argv) {
       // the product it computes: of the rounded weights (per weight) or of the stored values (per slot).
       // "lib" takes the scale per slot with groups of 128+ at one token block, and where the GEMM takes
       // 9..32 tokens (weights in 8-row blocks, N >= 4K: int4_linear.cu's gemm_suits and launch_gemm).
-      const bool lib = d.name.rfind("lib", 0) == 0;
+      const bool lib = d.name.rfind("lib", 0) == 0 || d.name.rfind("norm+lib", 0) == 0;
       const bool lib_gemm_slot = d.layout == 3 && sh.T > 8 && sh.T <= 32 && sh.N >= 4 * sh.K;
       const bool exact_ref = d.exact || (lib && sh.G >= 128 && (sh.T <= 8 || lib_gemm_slot));
       const bool wrong = !((exact_ref ? r.worst_x : r.worst) <= 0.01);
@@ -466,6 +508,7 @@ int main(int argc, char** argv) {
     ck(cudaFree(x), "free");
     ck(cudaFree(xf), "free");
     ck(cudaFree(y), "free");
+    for (void* p : {nc.resid, nc.out, nc.weight}) ck(cudaFree(p), "free");
   }
   std::printf("\nfinal table (device copy %.0f GB/s%s)\n%-18s %-14s %2s %4s %9s %9s %9s %9s\n", copy_gbs,
               sym ? ", symmetric weights" : "", "design", "shape", "T", "G", "us/call", "GB/s", "max err", "err exact");
