@@ -248,7 +248,8 @@ Design library_after_norm(const NormChain* nc) {
 // The library's path (and behind its norm), then the kernel's splits around int4_design's picks.
 std::vector<Design> designs(const NormChain* nc) {
   std::vector<Design> v = {
-      library_after_norm(nc),   library(),                library(true),                design<1, 4, 4, false>(),  design<2, 4, 2, false>(),
+      library_after_norm(nc),   library(),                library(true),
+      design<1, 4, 4, false>(), design<2, 4, 2, false>(),
       design<2, 2, 4, true>(),  design<4, 2, 2, false>(),  design<4, 4, 1, false>(),  design<4, 4, 1, true>(),
       design<8, 1, 1, false>(), design<8, 2, 1, false>(),  design<8, 2, 2, false>(),  design<8, 4, 1, false>(),
       design<8, 4, 1, true>(),  design<16, 1, 1, false>(), design<16, 2, 1, false>(), design<16, 4, 1, false>()};
@@ -380,11 +381,10 @@ int main(int argc, char** argv) {
     // pools[l]: the weights in layout l (Design::layout: 0 rows; 1 int4_stream_lab.cuh's tiles, 2 8-row
     // blocks, for the designs that read them; N and K multiples of 16 and 128 here); 3 8-row blocks and
     // 4 rows with each word's nibbles paired (int4_stream_lab.cuh's pair_nibbles: the library's order).
-    uint8_t* pools[5] = {upload_pool(hw), nullptr, nullptr, nullptr, upload_pool(ingot::lab::int4stream::pair_nibbles(hw))};
+    uint8_t* pools[5] = {upload_pool(hw), nullptr, nullptr, nullptr, upload_pool(lab4::pair_nibbles(hw))};
     for (int l = 1; l <= 2 && sh.N % 16 == 0 && sh.K % 128 == 0; ++l)
-      pools[l] = upload_pool(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, l == 2));
-    if (pools[2])
-      pools[3] = upload_pool(ingot::lab::int4stream::pair_nibbles(ingot::lab::int4stream::tile_layout(hw, sh.N, sh.K, true)));
+      pools[l] = upload_pool(lab4::tile_layout(hw, sh.N, sh.K, l == 2));
+    if (pools[2]) pools[3] = upload_pool(lab4::pair_nibbles(lab4::tile_layout(hw, sh.N, sh.K, true)));
     bf16 *x, *y;  // [T, K], [T, N]
     void* xf;     // x in fragment order (the 4- and 8-block instances), as the library's scratch
     ck(cudaMalloc(&xf, size_t(ingot::cuda::int4gemv::xfrag_bytes(sh.K, 8))), "malloc");

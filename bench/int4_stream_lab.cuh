@@ -54,15 +54,13 @@ struct TileLayout {
 };
 
 // Every 32-bit word of a packed weight (8 columns, column i in nibble i) with its nibbles in the order
-// 0 2 4 6 1 3 5 7 (int4gemv::kernel's kPairedNibbles): nibble c holds column 2c and nibble c + 4
-// column 2c + 1, for c < 4. Any layout of whole 16-byte pieces keeps its words whole, so this composes
-// with the others.
+// 0 2 4 6 1 3 5 7 (int4gemv::pair_word, as the library re-lays weights at load; int4gemv::kernel's
+// kPairedNibbles): nibble c holds column 2c and nibble c + 4 column 2c + 1, for c < 4. Any layout of
+// whole 16-byte pieces keeps its words whole, so this composes with the others.
 inline std::vector<uint8_t> pair_nibbles(std::vector<uint8_t> w) {
   for (size_t i = 0; i + 4 <= w.size(); i += 4) {
     const uint32_t v = uint32_t(w[i]) | uint32_t(w[i + 1]) << 8 | uint32_t(w[i + 2]) << 16 | uint32_t(w[i + 3]) << 24;
-    uint32_t o = 0;
-    for (int c = 0; c < 4; ++c)
-      o |= ((v >> (8 * c)) & 0xfu) << (4 * c) | ((v >> (8 * c + 4)) & 0xfu) << (4 * (c + 4));
+    const uint32_t o = ingot::cuda::int4gemv::pair_word(v);
     for (int b = 0; b < 4; ++b) w[i + size_t(b)] = uint8_t(o >> (8 * b));
   }
   return w;

@@ -1,8 +1,8 @@
 // The INT4 weight-only product for 9..64 tokens of f16/bf16 activations, shaped as a GEMM: the
 // weights (in 8-row blocks, backend.h's Int4Layout::Blocks8, nibbles paired or not) and x (in the
-// fragment order int4gemv::xfrag_kernel writes for the same nibble order) streamed through a multi-stage cp.async ring in shared memory, instead of
-// each warp walking K with its own register loads (int4gemv::kernel's NT > 1 instances, which
-// int4_linear.cu keeps for weights in rows). Hand-written for the same reasons as
+// fragment order int4gemv::xfrag_kernel writes for the same nibble order) streamed through a
+// multi-stage cp.async ring in shared memory, instead of each warp walking K with its own register
+// loads (int4gemv::kernel's NT > 1 instances, which int4_linear.cu keeps for weights in rows). Hand-written for the same reasons as
 // int4_gemv_kernel.cuh (our packed layout and our exact dequantization).
 //
 // Why: at 16-64 tokens int4gemv::kernel is bound by each warp's chain of global loads (weights, and

@@ -201,6 +201,16 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t word, int shift) {
   return q;
 }
 
+// The paired nibble order (backend.h's Int4Scales::paired, the library's weights): the nibble of a
+// word that holds its value c (0..7), 2c' in nibble c' and 2c' + 1 in nibble c' + 4; and a word of
+// quant/int4.h's order (value c in nibble c) rewritten in it (the re-layout at load, the lab's copies).
+__host__ __device__ constexpr int paired_nibble(int c) { return (c >> 1) + 4 * (c & 1); }
+__host__ __device__ inline uint32_t pair_word(uint32_t v) {
+  uint32_t o = 0;
+  for (int c = 0; c < 8; ++c) o |= ((v >> (4 * c)) & 0xfu) << (4 * paired_nibble(c));
+  return o;
+}
+
 // The same pair as round((nibble - zero) * scale): zm holds (2^e + zero) in both halves, s2 the scale
 // in both; a nibble pair costs a shift, one LOP3, HADD2 and HMUL2.
 template <typename T>

@@ -56,11 +56,9 @@ struct DequantArgs {
 using int4gemv::bits_of;
 using int4gemv::dequant_pair;
 using int4gemv::Pair;
+using int4gemv::pair_word;
+using int4gemv::paired_nibble;
 using int4gemv::Split;
-
-// The nibble of a paired word (backend.h's Int4Scales::paired) that holds its value c (0..7): 2c' in
-// nibble c', 2c' + 1 in nibble c' + 4.
-__host__ __device__ constexpr int paired_nibble(int c) { return (c >> 1) + 4 * (c & 1); }
 
 // f32 activations: a warp per output row, each lane 32 values (16 bytes) per step; up to NT tokens.
 template <int NT>
@@ -159,14 +157,7 @@ __global__ void int4_dequant_kernel(DequantArgs a) {
   }
 }
 
-// A word of quant/int4.h's order (value c in nibble c) in the paired order (backend.h's
-// Int4Scales::paired: value 2c in nibble c, 2c + 1 in nibble c + 4).
-__device__ __forceinline__ uint32_t pair_word(uint32_t v) {
-  uint32_t o = 0;
-#pragma unroll
-  for (int c = 0; c < 8; ++c) o |= ((v >> (4 * c)) & 0xfu) << (4 * paired_nibble(c));
-  return o;
-}
+// A 16-byte piece's words in the paired order (int4gemv::pair_word).
 __device__ __forceinline__ uint4 pair_piece(uint4 v) {
   return make_uint4(pair_word(v.x), pair_word(v.y), pair_word(v.z), pair_word(v.w));
 }

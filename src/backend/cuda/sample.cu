@@ -164,22 +164,17 @@ __device__ __forceinline__ float score_of_key(uint32_t k) {
 // by slices (histogram()); a template argument too, so that each kernel carries one merge.
 template <typename T, bool kCache, bool kScatter>
 struct Row {
+  sp::RowScorer scorer;  // step 1 for the row's settings, as the CPU and the split ops score
   const T* logits;
-  const uint8_t* seen;    // null when no penalty applies
-  const int32_t* counts;  // null when neither additive penalty applies
-  uint32_t* keys;         // kCache: the block's key cache, slot i = its i-th logit
-  float penalty, frequency, presence, inv_temp;
-  float top;  // score of the top candidate
+  uint32_t* keys;  // kCache: the block's key cache, slot i = its i-th logit
+  float top;       // score of the top candidate
   uint32_t vocab;
   uint32_t id_bits, id_mask;  // candidate = key << id_bits | (id_mask - id); never 0 (id < vocab <= id_mask)
   Ranks ranks;
   bool limbs;  // SampleArgs::limbs
   __device__ __forceinline__ bool scatter() const { return kScatter && ranks.n > 1; }
 
-  __device__ __forceinline__ float score(float logit, uint32_t j) const {
-    return sp::score(logit, seen != nullptr && seen[j] != 0, penalty, counts != nullptr ? counts[j] : 0, frequency,
-                     presence, inv_temp);
-  }
+  __device__ __forceinline__ float score(float logit, uint32_t j) const { return scorer(logit, j); }
   __device__ __forceinline__ float score_at(uint32_t j) const { return score(to_f(logits[j]), j); }
   __device__ __forceinline__ uint32_t key_at(uint32_t j, uint32_t slot) const {
     if constexpr (kCache) return keys[slot];
@@ -659,17 +654,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
   const int sr = a.st.row ? a.st.row[r] : r;
   const SampleParams p = a.st.params[sr];
   const uint32_t step = a.st.step[sr];
-  const uint8_t* seen = sp::seen_row(a.st, sr);
-  Row<T, kCache, kScatter> row;
+  Row<T, kCache, kScatter> row{sp::RowScorer(p, sp::seen_row(a.st, sr), sp::counts_row(a.st, sr))};
   row.logits = static_cast<const T*>(a.logits) + int64_t(r) * a.ld;
-  row.seen = p.repetition_penalty != 1.0f ? seen : nullptr;
-  const int32_t* counts = sp::counts_row(a.st, sr);
-  row.counts = sp::counts_penalise(p) ? counts : nullptr;
   row.keys = kCache ? reinterpret_cast<uint32_t*>(dynamic_smem) : nullptr;
-  row.penalty = p.repetition_penalty;
-  row.frequency = p.frequency_penalty;
-  row.presence = p.presence_penalty;
-  row.inv_temp = sp::inverse_temperature(p.temperature);
   row.vocab = a.vocab;
   row.id_bits = a.id_bits;
   row.id_mask = (1u << a.id_bits) - 1u;
