@@ -159,6 +159,70 @@ TEST_P(CudaOps, Int4SwigluIsTheProductThenSwiglu) {
   EXPECT_EQ(cases, 27);
 }
 
+// The add + RMSNorm fused into the one-token product (Backend::add_rmsnorm_linear) is add_rmsnorm then
+// the product bit for bit, plain (with and without bias) and with the SwiGLU epilogue, with and without a
+// delta and zero points, at every row width that picks another split or norm instance (K 1024-8192; N
+// picking S8 U1/U2/U4 at 4,096 columns); the residual after the add lands in x_out and x is left as it
+// was. Rows past 8,192 columns, groups under 128 and f32 activations decline (the model then runs the
+// ops apart).
+TEST_P(CudaOps, Int4NormLinearIsTheNormThenTheProduct) {
+  Side& g = *gpu_;
+  int took_cases = 0;
+  struct Case {
+    int64_t N, K;
+    int group;
+  };
+  for (const Case cs : {Case{256, 1024, 128}, Case{1024, 2048, 128}, Case{1024, 3072, 128}, Case{4096, 4096, 128},
+                        Case{6144, 4096, 128}, Case{8200, 4096, 128}, Case{512, 5120, 128}, Case{9000, 8192, 256},
+                        Case{512, 4096, 64}, Case{256, 8320, 128}})
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool swiglu = variant & 1, with_delta = variant & 2, zeros = variant == 1 || variant == 2;
+      const bool bias = !swiglu && variant == 0;
+      const int64_t N = cs.N, K = cs.K, out_n = swiglu ? N / 2 : N;
+      const Int4Weight w = random_int4(rng_, N, K, cs.group, zeros, false, dt_);
+      const auto x = rnd(size_t(K)), d = rnd(size_t(K)), b = rnd(size_t(N), 0.1f);
+      auto nw = rnd(size_t(K), 0.5f);  // norm weights around 1
+      for (float& v : nw) v += 1.0f;
+      const Mat wm = w.put(g, dt_);
+      void* bias_p = bias ? g.put(b) : nullptr;
+      void *xa = g.put(x), *xb = g.put(x), *dd = g.put(d), *nwp = g.put(nw), *h = g.put(std::vector<float>(size_t(K)));
+      void *split = g.put(std::vector<float>(size_t(out_n), 5.0f)), *fused = g.put(std::vector<float>(size_t(out_n), 7.0f));
+      void* xo = g.put(std::vector<float>(size_t(K), 3.0f));
+      const Mat dm = g.m(dd, 1, K);
+      gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, N, K, 1, false));
+      NormLinearParams p;
+      p.x = g.m(xb, 1, K);
+      p.delta = with_delta ? &dm : nullptr;
+      p.norm_weight = nwp;
+      p.norm_dtype = dt_;
+      p.eps = 1e-6f;
+      p.x_out = g.m(xo, 1, K);
+      p.w = wm;
+      p.bias = bias_p;
+      p.y = g.m(fused, 1, out_n);
+      p.swiglu = swiglu;
+      const bool took = gpu_be_->add_rmsnorm_linear(p);
+      const std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(K) + " group " + std::to_string(cs.group) +
+                               (swiglu ? " swiglu" : "") + (with_delta ? " delta" : "") + (zeros ? " zeros" : "") +
+                               (bias ? " bias" : "");
+      EXPECT_EQ(took, dt_ != DType::F32 && K <= 8192 && cs.group >= 128) << what;
+      if (!took) continue;
+      ++took_cases;
+      gpu_be_->add_rmsnorm(g.m(xa, 1, K), with_delta ? &dm : nullptr, nwp, dt_, 1e-6f, g.m(h, 1, K));
+      if (swiglu) {
+        void* gu = g.put(std::vector<float>(size_t(N)));
+        gpu_be_->linear(g.m(h, 1, K), wm, nullptr, g.m(gu, 1, N));
+        gpu_be_->swiglu(g.m(gu, 1, N), g.m(split, 1, out_n));
+      } else {
+        gpu_be_->linear(g.m(h, 1, K), wm, bias_p, g.m(split, 1, out_n));
+      }
+      EXPECT_EQ(g.get(fused, size_t(out_n)), g.get(split, size_t(out_n))) << what;
+      EXPECT_EQ(g.get(xo, size_t(K)), g.get(xa, size_t(K))) << what << ": the residual after the add";
+      EXPECT_EQ(g.get(xb, size_t(K)), g.get(g.put(x), size_t(K))) << what << ": x untouched";
+    }
+  EXPECT_EQ(took_cases, dt_ == DType::F32 ? 0 : 32);
+}
+
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
 // its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
 TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {
