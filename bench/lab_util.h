@@ -24,7 +24,6 @@ struct Design {
   std::function<void(const Args&, cudaStream_t)> launch;
   int min_tokens = 1, max_tokens = 1 << 30;  // the token counts it is timed at
   int min_group = 0;                          // the smallest group size it takes (int4_lab)
-  int max_k = 1 << 30;                        // the longest rows it takes (int4_lab)
   bool needs_sym = false;                     // weights without zero points only (int4_lab)
   int layout = 0;  // the weights' layout (int4_lab): 0 rows, 1 int4_stream_lab.cuh's tiles, 2 its 8-row blocks,
                    // 3 8-row blocks with paired nibbles

@@ -325,57 +325,6 @@ class WrappedCpu final : public ForwardingBackend {
   bool int4_;
 };
 
-// The CPU backend answering add_rmsnorm_linear as a backend with the fused kernel does (the residual
-// after the add into x_out, x left as it was, no normalised row written anywhere the model sees), by
-// running the ops apart into its own scratch: a Model's one-token forwards then take the fused path,
-// whose trade of the x and h buffers (and the final norm finding its rows where the caller reads them,
-// in place after an odd number of fused norms) must leave every logit as the ops apart give it.
-class FusedNormCpu final : public ForwardingBackend {
- public:
-  FusedNormCpu() : ForwardingBackend(make_cpu_backend(1)) {}
-  bool add_rmsnorm_linear(const NormLinearParams& p) override {
-    ++calls;
-    const int64_t K = p.x.cols;
-    EXPECT_EQ(p.x.rows, 1);
-    EXPECT_NE(p.x.data, p.x_out.data);
-    std::vector<float> before(static_cast<const float*>(p.x.data), static_cast<const float*>(p.x.data) + K);
-    std::vector<float> h(static_cast<size_t>(K)), gu(static_cast<size_t>(p.w.rows));
-    std::memcpy(p.x_out.data, p.x.data, size_t(K) * sizeof(float));
-    in_->add_rmsnorm(p.x_out, p.delta, p.norm_weight, p.norm_dtype, p.eps, mat(h.data(), DType::F32, 1, K));
-    const Mat hm = mat(h.data(), DType::F32, 1, K);
-    if (p.swiglu) {
-      in_->linear(hm, p.w, nullptr, mat(gu.data(), DType::F32, 1, p.w.rows));
-      in_->swiglu(mat(gu.data(), DType::F32, 1, p.w.rows), p.y);
-    } else {
-      in_->linear(hm, p.w, p.bias, p.y);
-    }
-    EXPECT_EQ(std::memcmp(before.data(), p.x.data, size_t(K) * sizeof(float)), 0) << "x is read only";
-    return true;
-  }
-  int calls = 0;
-};
-
-TEST(FusedNorm, OneTokenForwardsThroughTheFusedOpGiveTheLogitsOfTheOpsApart) {
-  std::vector<std::pair<std::string, Engine>> engines;
-  for (const char* f : kFixtures) engines.emplace_back(f, build_engine(test::fixture(f)));
-  engines.emplace_back("qwen3 int4", build("qwen3", 32));
-  for (const auto& [name, e] : engines) {
-    auto plain = make_cpu_backend(1);
-    FusedNormCpu fused;
-    Model a(e, *plain, bounds(1, 32)), b(e, fused, bounds(1, 32));
-    auto step = [&](Model& m, const BatchRow& r) { return m.forward(Batch{{r}}); };
-    const BatchRow prompt{0, seq(7, 5), 0, {}, false, true};
-    EXPECT_TRUE(same_bytes(step(a, prompt), step(b, prompt))) << name << ": the prompt (7 tokens) fuses nothing";
-    EXPECT_EQ(fused.calls, 0) << name;
-    for (int i = 0; i < 4; ++i) {
-      const BatchRow r{0, {int32_t(40 + 13 * i)}, 7 + i, {}, false, true};
-      EXPECT_TRUE(same_bytes(step(a, r), step(b, r))) << name << ": decode step " << i;
-    }
-    // Two fused norms a layer and step: the attention's (or linear attention's) input and the MLP's.
-    EXPECT_EQ(fused.calls, 8 * int(e.spec.layers)) << name;
-  }
-}
-
 TEST(Int4Backend, ABackendWithoutInt4IsRefusedBeforeAnythingIsAllocated) {
   WrappedCpu be(false);
   const Engine e = build("qwen3", 32);

@@ -99,20 +99,6 @@ inline std::vector<int32_t> longest_first_order(const std::vector<int32_t>& kv_l
   return order;
 }
 
-// Backend::add_rmsnorm_linear: one token (x, x_out, y of one row).
-struct NormLinearParams {
-  Mat x;                  // [1, K] the residual stream before the add (read only)
-  const Mat* delta = nullptr;  // [1, K] the last block's output to add, or null
-  const void* norm_weight = nullptr;  // [K]
-  DType norm_dtype = DType::F32;
-  float eps = 0.f;
-  Mat x_out;              // [1, K] x + delta (x itself where delta is null): the residual stream after
-  Mat w;                  // [N, K] the product's weight ([2I, K] gate | up with swiglu)
-  const void* bias = nullptr;  // [N] or null (not with swiglu)
-  Mat y;                  // [1, N] ([1, I] with swiglu)
-  bool swiglu = false;    // y = silu(h wg^T) * (h wu^T), as linear_swiglu
-};
-
 struct RopeWriteParams {
   Mat qkv;                       // [T, (q_heads + 2*kv_heads) * head_dim]; q is rotated in place
   const void* q_norm = nullptr;  // [head_dim] weight or null (Qwen3 q/k RMSNorm before RoPE)
@@ -354,15 +340,6 @@ class Backend {
   // for these shapes; the caller then runs the two ops.
   virtual bool linear_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out) {
     (void)x, (void)w_gate_up, (void)out;
-    return false;
-  }
-  // The add + RMSNorm of one token fused into the product that reads it (a decode step's attention and
-  // MLP inputs at batch 1; NormLinearParams). Bit for bit add_rmsnorm then linear (or linear_swiglu),
-  // except that the residual after the add lands in x_out (x is left as it was: other parts of the
-  // fused kernel still read it) and the normalised row is not written anywhere. Returns false, doing
-  // nothing, where the backend has no such kernel for the call; the caller then runs the ops apart.
-  virtual bool add_rmsnorm_linear(const NormLinearParams& p) {
-    (void)p;
     return false;
   }
   // ids[i] = picks[from[i]] for from[i] >= 0, else ids[i] is left as it is; a pick that is not a token

@@ -47,7 +47,6 @@ class ForwardingBackend : public Backend {
   void sigmoid_gate(const Mat& x, const Mat& g, const Mat& o) override { in_->sigmoid_gate(x, g, o); }
   void swiglu(const Mat& gu, const Mat& o) override { in_->swiglu(gu, o); }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& o) override { return in_->linear_swiglu(x, w, o); }
-  bool add_rmsnorm_linear(const NormLinearParams& p) override { return in_->add_rmsnorm_linear(p); }
   void feed_picks(const int32_t* p, const int32_t* f, int64_t n, int32_t* ids) override { in_->feed_picks(p, f, n, ids); }
   void gather_rows(const Mat& s, const int32_t* i, const Mat& d) override { in_->gather_rows(s, i, d); }
   void argmax(const Mat& l, int32_t* o) override { in_->argmax(l, o); }

@@ -1,7 +1,6 @@
 #include "models/layers.h"
 
 #include <cmath>
-#include <utility>
 
 namespace ingot {
 
@@ -22,31 +21,6 @@ void norm_into_h(ForwardContext& c, const DevWeight& w) {
   Mat x = rows(c.x, c.T), d = rows(c.delta, c.T);
   c.be.add_rmsnorm(x, c.pending_delta ? &d : nullptr, w.data(), w.m.dtype, float(c.spec.rms_eps), rows(c.h, c.T));
   c.pending_delta = false;
-}
-
-// The block's input norm and its first product as one backend op, for one token (decode at batch 1)
-// where the backend has the fused kernel: the residual after the add lands in h's buffer, which then
-// becomes the residual stream (x and h trade buffers; the fused op writes no normalised row). False:
-// nothing ran, the caller runs norm_into_h and the product.
-bool fused_norm_linear(ForwardContext& c, const DevWeight& norm, const Mat& w, const void* bias, const Mat& y,
-                       bool swiglu) {
-  if (c.T != 1) return false;
-  const Mat d = rows(c.delta, 1);
-  NormLinearParams p;
-  p.x = rows(c.x, 1);
-  p.delta = c.pending_delta ? &d : nullptr;
-  p.norm_weight = norm.data();
-  p.norm_dtype = norm.m.dtype;
-  p.eps = float(c.spec.rms_eps);
-  p.x_out = rows(c.h, 1);
-  p.w = w;
-  p.bias = bias;
-  p.y = y;
-  p.swiglu = swiglu;
-  if (!c.be.add_rmsnorm_linear(p)) return false;
-  std::swap(c.x, c.h);
-  c.pending_delta = false;
-  return true;
 }
 
 // A block's output after a row-parallel projection: each rank holds its heads' (or its slice of the
@@ -115,11 +89,9 @@ void prenorm_decoder_layer(ForwardContext& c, const LayerWeights& w, int layer) 
 
 void attention_block(ForwardContext& c, const LayerWeights& w, int layer) {
   const ModelSpec& s = c.spec;
+  norm_into_h(c, *w.attn_norm);
   Mat qkv = rows(c.qkv, c.T);
-  if (!fused_norm_linear(c, *w.attn_norm, w.wqkv->m, w.bqkv ? w.bqkv->data() : nullptr, qkv, false)) {
-    norm_into_h(c, *w.attn_norm);
-    c.be.linear(rows(c.h, c.T), w.wqkv->m, w.bqkv ? w.bqkv->data() : nullptr, qkv);
-  }
+  c.be.linear(rows(c.h, c.T), w.wqkv->m, w.bqkv ? w.bqkv->data() : nullptr, qkv);
 
   const KvLayerView& cache = c.state.kv(layer);
   RopeWriteParams rp;
@@ -175,11 +147,9 @@ void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer)
   const LinearAttnSpec& l = c.spec.linear;
   const int64_t T = c.T, C = l.conv_channels(), K = l.key_width(), V = l.value_width(), H = l.v_heads;
   const LinearLayerView& st = c.state.linear(layer);
+  norm_into_h(c, *w.attn_norm);
   const Mat in = rows(c.lin_in, T);  // qkv | z | b | a
-  if (!fused_norm_linear(c, *w.attn_norm, w.lin_in->m, nullptr, in, false)) {
-    norm_into_h(c, *w.attn_norm);
-    c.be.linear(rows(c.h, T), w.lin_in->m, nullptr, in);
-  }
+  c.be.linear(rows(c.h, T), w.lin_in->m, nullptr, in);
 
   CausalConv1dParams cp;
   cp.x = cols(in, T, 0, C);
@@ -228,27 +198,20 @@ void linear_attention_block(ForwardContext& c, const LayerWeights& w, int layer)
 }
 
 void mlp_block(ForwardContext& c, const LayerWeights& w) {
+  norm_into_h(c, *w.mlp_norm);
   Mat gu = rows(c.gate_up, c.T), act = rows(c.act, c.T);
-  if (!fused_norm_linear(c, *w.mlp_norm, w.w_gate_up->m, nullptr, act, true)) {
-    norm_into_h(c, *w.mlp_norm);
-    if (!c.be.linear_swiglu(rows(c.h, c.T), w.w_gate_up->m, act)) {
-      c.be.linear(rows(c.h, c.T), w.w_gate_up->m, nullptr, gu);
-      c.be.swiglu(gu, act);
-    }
+  if (!c.be.linear_swiglu(rows(c.h, c.T), w.w_gate_up->m, act)) {
+    c.be.linear(rows(c.h, c.T), w.w_gate_up->m, nullptr, gu);
+    c.be.swiglu(gu, act);
   }
   c.be.linear(act, w.w_down->m, nullptr, rows(c.delta, c.T));
   finish_block(c);
 }
 
 void decoder_forward(ForwardContext& c, const Family& family, const ModelWeights& w, const int32_t* ids) {
-  const Mat out = c.h;  // where the caller reads the final norm's rows (its h buffer)
   c.be.embedding(w.embed->m, ids, rows(c.x, c.T));
   for (int l = 0; l < int(c.spec.layers); ++l) family.layer(c, w.layers[size_t(l)], l);
-  // Over every token: the rows the LM head reads are picked afterwards. After an odd number of fused
-  // norms (fused_norm_linear) the residual stream is in `out` itself; add_rmsnorm then runs in place,
-  // which every backend's kernel allows (each element is read before it is written, by the same thread).
-  c.h = out;
-  norm_into_h(c, *w.final_norm);
+  norm_into_h(c, *w.final_norm);  // over every token: the rows the LM head reads are picked afterwards
 }
 
 void lm_head(Backend& be, const ModelWeights& w, const Mat& h, const Mat& logits) {

@@ -503,15 +503,6 @@ class CudaBackend final : public Backend {
                                       " max_kv=" + std::to_string(p.max_kv_len); }, stream_->get());
     launch_attention(p, attn_, stream_->get(), invariant_);
   }
-  bool add_rmsnorm_linear(const NormLinearParams& p) override {
-    // INGOT_CUDA_FUSED_NORM=0: the model runs the norm and the product apart (A/B knob).
-    static const bool on = env_knob("INGOT_CUDA_FUSED_NORM", 1) != 0;
-    if (!on || invariant_ || !p.w.is_int4() || p.x.dtype != dtype_) return false;
-    check_int4_weight(p.w, dtype_, "add_rmsnorm_linear");
-    auto _ = prof_.scope([&] { return std::string(p.swiglu ? "add_rmsnorm_linear_swiglu" : "add_rmsnorm_linear") +
-                                      " int4 x " + shape(p.x) + " w " + shape(p.w); }, stream_->get());
-    return launch_int4_norm_linear(p, stream_->get());
-  }
   bool linear_swiglu(const Mat& x, const Mat& w, const Mat& out) override {
     if (w.is_int4()) {  // the INT4 decode kernel with the SwiGLU epilogue, for the tokens it takes
       check_int4_weight(w, dtype_, "linear_swiglu");

@@ -260,11 +260,6 @@ bool launch_int4_gemv(const Mat& x, const Mat& w, const void* bias, const Mat& y
 // launch_int4_gemv would refuse the call (and for f32 activations).
 bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out, void* scratch, size_t scratch_bytes,
                              cudaStream_t s);
-// Backend::add_rmsnorm_linear for an INT4 weight and one token of 16-bit activations: the one-token
-// product with the add + RMSNorm in its prologue, bit for bit launch_add_rmsnorm then launch_int4_gemv
-// (or launch_int4_gemv_swiglu). False, launching nothing, where it has no instance for the call (rows
-// past 8,192 columns, groups under 128, a norm weight in another dtype, unaligned rows, act-order).
-bool launch_int4_norm_linear(const NormLinearParams& p, cudaStream_t s);
 // out [N, K] (out.dtype, 16-byte aligned rows) = the dequantized weight, columns in input order.
 void launch_int4_dequant(const Mat& w, const Mat& out, cudaStream_t s);
 // Re-lays a packed INT4 weight of quant/int4.h's Rows layout in place (the same bytes' size, on stream

@@ -40,7 +40,6 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma_tiles.cuh"
-#include "backend/cuda/rmsnorm_order.cuh"
 
 namespace ingot::cuda::int4gemv {
 
@@ -112,14 +111,6 @@ struct Args {
   // [ceil(K/128), 4, NT, 32] x 16 bytes: x in fragment order (xfrag_kernel below), for the instances
   // that read it (kFragX); null otherwise.
   const void* xf = nullptr;
-  // The instances with the add + RMSNorm in their prologue (kNormVecs > 0, one token): x is then the
-  // residual stream before the add, and the product multiplies rmsnorm(round(x + norm_delta)) *
-  // norm_w (eps norm_eps), bit for bit the add_rmsnorm op's output; block 0 writes round(x + norm_delta)
-  // to norm_out (the residual after the add: never x itself, which the other blocks still read).
-  const void* norm_delta = nullptr;  // [K] or null
-  const void* norm_w = nullptr;      // [K] in the activation dtype
-  void* norm_out = nullptr;          // [K] or null
-  float norm_eps = 0.f;
 };
 
 // x in fragment order, for the instances of kFragBlocks+ token blocks (kFragX): read straight from [T, K], a
@@ -342,10 +333,6 @@ inline unsigned grid_blocks(const Args& a) {
   return (tiles + Sp::R * Sp::W - 1) / (Sp::R * Sp::W);
 }
 
-// The dynamic shared memory of a kNormVecs instance: the normalised row.
-template <typename T>
-inline size_t norm_smem_bytes(const Args& a) { return size_t(a.K) * sizeof(T); }
-
 // Lane (g, t) = (lane / 4, lane % 4) of a warp owns output rows n0 + g and n0 + g + 8 of its 16-row
 // tile (A rows g, g + 8) and token g (B column g). The row is cut into 16-byte pieces of 32 columns;
 // in step i, slot u, lane t reads piece p = (i * S + part) * 4U + 4u + t of both rows (quad
@@ -378,13 +365,8 @@ inline size_t norm_smem_bytes(const Args& a) { return size_t(a.K) * sizeof(T); }
 // own pairs, no byte permutes (16 a slot of the one-token loop's ~140 instructions; an H100,
 // 2026-12-07: 2-8% less time a product at one token, docs/quantization.md). With kFragX, x in
 // fragment order must have been written for the same order (launch_xfrag's kPaired).
-// kNormVecs > 0 (one token; 16-byte vectors per virtual thread of rmsnorm_order.cuh, 1, 2 or 4 as the
-// row's width needs): the block first normalises the residual row into shared memory (K elements of
-// dynamic shared memory, launched with norm_smem_bytes), in the order the add_rmsnorm kernel takes, so
-// the product's input is that op's output bit for bit and the norm's own launch leaves the step's
-// chain (Args::norm_*).
 template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true,
-          Scaling kScaling = Scaling::PerWeight, bool kPairedNibbles = false, int kNormVecs = 0>
+          Scaling kScaling = Scaling::PerWeight, bool kPairedNibbles = false>
 __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
   constexpr bool kPipe = Sp::P;
@@ -431,16 +413,6 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
   }
   // Token g's row of x: lanes past the call's tokens read nothing and multiply zeros.
   const T* xr = g < a.T ? static_cast<const T*>(a.x) + int64_t(g) * a.x_ld : nullptr;
-  if constexpr (kNormVecs > 0) {
-    static_assert(NT == 1, "the fused norm takes one token");
-    extern __shared__ __align__(16) unsigned char norm_row[];  // [K] T: the normalised row
-    __shared__ float red[rmsnorm::kWarpSums];
-    T* xs = reinterpret_cast<T*>(norm_row);
-    rmsnorm::add_rmsnorm_row<T, kNormVecs, R * S * 32>(static_cast<const T*>(a.x), static_cast<const T*>(a.norm_delta),
-                                                       static_cast<const T*>(a.norm_w), a.norm_eps,
-                                                       static_cast<T*>(a.norm_out), a.K, xs, red);
-    xr = g == 0 ? xs : nullptr;
-  }
   const int pieces = a.K / 32;
   constexpr int kStepPieces = S * 4 * U;  // pieces of a row one step of the tile's S warps covers
 

@@ -382,48 +382,6 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
   }
 }
 
-// The one-token instances with the add + RMSNorm in their prologue (int4gemv::kernel's kNormVecs):
-// the split int4_design picks for the product alone, groups of 128+ (the scale per slot, as
-// launch_one_block takes them), with or without zero points, so the product is the unfused one's bit
-// for bit. NV: 16-byte vectors per virtual thread of the norm's order (rmsnorm_order.cuh).
-template <typename T, class Out, class Sp, int NV>
-void launch_norm_split(const int4gemv::Args& a, cudaStream_t s) {
-  using int4gemv::Scaling;
-  static_assert(rmsnorm::kVirtualThreads % (Sp::R * Sp::S * 32) == 0, "the norm's order takes blocks dividing 512");
-  const dim3 grid(int4gemv::grid_blocks<Sp, Out>(a)), block(Sp::R * Sp::S * 32);
-  const size_t smem = int4gemv::norm_smem_bytes<T>(a);
-  if (a.zeros)
-    return launch("int4_gemv_norm_kernel", int4gemv::kernel<T, Sp, 1, false, Out, true, Scaling::PerSlot, true, NV>,
-                  grid, block, smem, s, a);
-  launch("int4_gemv_norm_kernel", int4gemv::kernel<T, Sp, 1, false, Out, false, Scaling::PerSlot, true, NV>, grid,
-         block, smem, s, a);
-}
-
-// Rows of up to 4,096 columns (NV 1) take every split int4_design picks; 4,097..8,192 (NV 2) the
-// 8-warp ones it picks there. False: no instance.
-template <typename T, class Out>
-bool launch_norm(const int4gemv::Args& a, cudaStream_t s) {
-  const int nv = rmsnorm::vecs_per_thread(a.K / (16 / int(sizeof(T))));
-  const Int4Design d = int4_design(a.N, a.K);
-  if (nv == 1) {
-    switch (d) {
-      case Int4Design::S8U1R1: launch_norm_split<T, Out, Split<8, 1, 1, false>, 1>(a, s); return true;
-      case Int4Design::S8U2R1: launch_norm_split<T, Out, Split<8, 2, 1, false>, 1>(a, s); return true;
-      case Int4Design::S8U4R1: launch_norm_split<T, Out, Split<8, 4, 1, false>, 1>(a, s); return true;
-      case Int4Design::S16U1R1: launch_norm_split<T, Out, Split<16, 1, 1, false>, 1>(a, s); return true;
-      case Int4Design::S16U2R1: launch_norm_split<T, Out, Split<16, 2, 1, false>, 1>(a, s); return true;
-    }
-  } else if (nv == 2) {
-    switch (d) {
-      case Int4Design::S8U1R1: launch_norm_split<T, Out, Split<8, 1, 1, false>, 2>(a, s); return true;
-      case Int4Design::S8U2R1: launch_norm_split<T, Out, Split<8, 2, 1, false>, 2>(a, s); return true;
-      case Int4Design::S8U4R1: launch_norm_split<T, Out, Split<8, 4, 1, false>, 2>(a, s); return true;
-      default: return false;
-    }
-  }
-  return false;
-}
-
 // Whether the decode kernels take the call: 1..int4_decode_rows tokens, no act-order perm, 16-byte
 // aligned x rows.
 bool decode_suits(const Mat& x, const Mat& w) {
@@ -493,35 +451,6 @@ bool launch_int4_gemv_swiglu(const Mat& x, const Mat& w_gate_up, const Mat& out,
     if constexpr (!std::is_same_v<T, float>) launch_new<T, int4gemv::SwigluOut>(a, scratch, s);
   });
   return true;
-}
-
-bool launch_int4_norm_linear(const NormLinearParams& p, cudaStream_t s) {
-  const Mat &x = p.x, &w = p.w;
-  const size_t es = dtype_size(x.dtype);
-  if (x.rows != 1 || x.dtype == DType::F32 || p.norm_dtype != x.dtype || !decode_suits(x, w) ||
-      w.int4.group_size < 128 || x.cols % int64_t(16 / es) != 0 || (p.swiglu && (p.bias || w.rows % 2 != 0)))
-    return false;
-  const Mat& y = p.y;
-  if (x.cols != w.cols || p.x_out.rows != 1 || p.x_out.cols != x.cols || p.x_out.dtype != x.dtype ||
-      (p.delta && (p.delta->rows != 1 || p.delta->cols != x.cols || p.delta->dtype != x.dtype)) || y.rows != 1 ||
-      y.dtype != x.dtype || y.cols != (p.swiglu ? w.rows / 2 : w.rows))
-    throw Error("cuda backend: add_rmsnorm_linear of x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) +
-                "] and w [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "] into [" +
-                std::to_string(y.rows) + ", " + std::to_string(y.cols) + "]: shapes or dtypes differ");
-  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if (!aligned(p.x_out.data) || !aligned(p.norm_weight) || (p.delta && !aligned(p.delta->data))) return false;
-  Int4Args a = int4_args(x, w, p.bias, y);
-  a.norm_delta = p.delta ? p.delta->data : nullptr;
-  a.norm_w = p.norm_weight;
-  a.norm_out = p.x_out.data;
-  a.norm_eps = p.eps;
-  bool done = false;
-  dispatch(x.dtype, "int4 add_rmsnorm_linear", [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    if constexpr (!std::is_same_v<T, float>)
-      done = p.swiglu ? launch_norm<T, int4gemv::SwigluOut>(a, s) : launch_norm<T, int4gemv::PlainOut>(a, s);
-  });
-  return done;
 }
 
 void relayout_int4_cuda(Mat& w, cudaStream_t s) {

@@ -7,9 +7,8 @@
 // being issued early). The vector kernel gives each thread whole 16-byte vectors, issues every load of
 // its row (weight, x, delta) before any arithmetic or store, and so waits out one memory round trip;
 // rows it does not take (a width that is not whole vectors, unaligned rows, more than kMaxVecs vectors
-// a thread) go to the scalar kernel. The vector kernel's order of the sum of squares is
-// rmsnorm_order.cuh's, which the INT4 products that normalise their own input share (bit for bit).
-#include "backend/cuda/rmsnorm_order.cuh"
+// a thread) go to the scalar kernel.
+#include "backend/cuda/vec.cuh"
 
 namespace ingot::cuda {
 namespace {
@@ -26,14 +25,22 @@ struct RmsNormArgs {
   int64_t out_ld, cols;
 };
 
-constexpr int kThreads = rmsnorm::kVirtualThreads;  // one virtual thread of the shared order a thread
-constexpr int kMaxVecs = rmsnorm::kMaxVecs;
+constexpr int kThreads = 512;
+constexpr int kMaxVecs = 4;  // 16-byte vectors a thread holds: up to 16,384 16-bit or 8,192 f32 columns
 
-// The block's sum of ss (every thread's) in the shared order (rmsnorm_order.cuh), returned to every thread.
+// The block's sum of ss (every thread's), the same value returned to every thread.
 __device__ __forceinline__ float block_sum(float ss) {
-  __shared__ float red[rmsnorm::kWarpSums];
-  const float one[1] = {ss};
-  return rmsnorm::block_sum<kThreads>(one, red);
+  __shared__ float red[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  return red[0];
 }
 
 template <typename T>
