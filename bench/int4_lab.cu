@@ -73,12 +73,14 @@ std::string tiles_name(int W) { return W > 1 ? " W" + std::to_string(W) : ""; }
 // weights have none).
 // Layout 2: the weights in 8-row blocks (backend.h's Int4Layout::Blocks8, " B"), as the CUDA backend
 // re-lays them at load; 0 in rows.
+// " mN": registers bounded so that N blocks fit an SM (Split's M, __launch_bounds__'s second argument).
 template <int S, int U, int R, bool P, int NT = 1, int W = 1, Scaling Sc = Scaling::PerWeight, bool Z = true,
-          int Layout = 0>
+          int Layout = 0, int M = 0>
 Design design() {
   Design d;
   d.name = ingot::lab::design_name(S, U, R, P) + (NT > 1 ? " N" + std::to_string(NT) : "") + tiles_name(W) +
-           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0") + (Layout == 2 ? " B" : Layout == 3 ? " BP" : "");
+           (Sc == Scaling::PerSlot ? " ws" : "") + (Z ? "" : " z0") + (Layout == 2 ? " B" : Layout == 3 ? " BP" : "") +
+           (M > 0 ? " m" + std::to_string(M) : "");
   d.layout = Layout;
   d.min_tokens = NT > 1 ? 4 * NT + 1 : 1;  // the token counts the library gives this NT
   d.max_tokens = 8 * NT;
@@ -86,7 +88,7 @@ Design design() {
   d.needs_sym = !Z;
   d.exact = Sc == Scaling::PerSlot;
   d.launch = [](const Args& a, cudaStream_t s) {
-    using Sp = Split<S, U, R, P, W>;
+    using Sp = Split<S, U, R, P, W, M>;
     ingot::cuda::launch("int4_lab", ingot::cuda::int4gemv::kernel<bf16, Sp, NT, false, PlainOut, Z, Sc, Layout == 3>,
                         dim3(ingot::cuda::int4gemv::grid_blocks<Sp, PlainOut>(a)), dim3(R * S * 32), 0, s, a);
   };
@@ -261,6 +263,17 @@ std::vector<Design> designs(const NormChain* nc) {
   add_scalings<8, 4, 1, false>(v);
   add_scalings<16, 1, 1, false>(v);
   add_scalings<16, 2, 1, false>(v);
+  // The library's symmetric one-token instances (8-row blocks, paired nibbles, the scale per slot, no
+  // zero points) with registers bounded for 3 or 4 blocks an SM: the gate/up instance (S8 U1) takes
+  // 70 registers, so 3 blocks (24 warps) an SM, and the one-token kernel was measured short of bytes
+  // in flight, not of issue slots (docs/quantization-log.md).
+  {
+    constexpr Scaling kSlotM = Scaling::PerSlot;
+    for (Design d : {design<8, 1, 1, false, 1, 1, kSlotM, false, 3, 3>(), design<8, 1, 1, false, 1, 1, kSlotM, false, 3, 4>(),
+                     design<8, 2, 1, false, 1, 1, kSlotM, false, 3, 3>(), design<8, 2, 1, false, 1, 1, kSlotM, false, 3, 4>(),
+                     design<8, 4, 1, false, 1, 1, kSlotM, false, 3, 3>(), design<8, 4, 1, false, 1, 1, kSlotM, false, 3, 4>()})
+      v.push_back(d);
+  }
   // The library's launcher a second time: how far apart two timings of one kernel land (the noise).
   Design again = library();
   again.name = "lib again";

@@ -320,9 +320,14 @@ struct SwigluOut {
 // How an instance spreads the rows over a block's warps and its loads over time: S warps per 16-row
 // tile splitting K, U 16-byte loads per lane and row in flight, R tiles per block, P the next step's
 // loads issued before this step's math, W 16-row tiles per warp (batch instances, below).
-template <int S_, int U_, int R_, bool P_ = false, int W_ = 1>
+// M: blocks an SM the compiler must leave registers for (__launch_bounds__'s second argument; 0, the
+// library's, leaves ptxas its own choice: every instance's registers, barriers and shared memory are
+// those of the one-argument form, checked with -Xptxas -v on 2026-12-07, where an explicit 1 moved
+// them). For the lab's " mN" designs: the gate/up instance takes 70 registers, i.e. 3 blocks of 8
+// warps an SM, and the one-token kernel was measured short of bytes in flight (quantization-log.md).
+template <int S_, int U_, int R_, bool P_ = false, int W_ = 1, int M_ = 0>
 struct Split {
-  static constexpr int S = S_, U = U_, R = R_, W = W_;
+  static constexpr int S = S_, U = U_, R = R_, W = W_, M = M_;
   static constexpr bool P = P_;
 };
 
@@ -367,7 +372,7 @@ inline unsigned grid_blocks(const Args& a) {
 // fragment order must have been written for the same order (launch_xfrag's kPaired).
 template <typename T, class Sp, int NT = 1, bool kFragX = false, class Out = PlainOut, bool kZeros = true,
           Scaling kScaling = Scaling::PerWeight, bool kPairedNibbles = false>
-__global__ void __launch_bounds__(Sp::R * Sp::S * 32) kernel(Args a) {
+__global__ void __launch_bounds__(Sp::R * Sp::S * 32, Sp::M) kernel(Args a) {
   constexpr int S = Sp::S, U = Sp::U, R = Sp::R, W = Sp::W;
   constexpr bool kPipe = Sp::P;
   static_assert(NT > 1 || !kFragX, "the fragment order is for the batch instances");
