@@ -467,15 +467,18 @@ double metric(const std::string& text, const std::string& sample) {
   return at == std::string::npos ? 0.0 : std::stod(text.substr(at + sample.size() + 2));
 }
 
-// /metrics once at least `generations` choices are counted as cancelled or finished by length: a
-// choice is counted as it finishes, which may come just after its slot shows free.
+// /metrics once at least `generations` choices are counted as cancelled or finished by length and the
+// slot gauge shows them gone. The two move at different moments: a choice is counted as its done event
+// is sent, inside the generator's step, and the gauges are published after that step; a request that
+// was still queued when the client left shows no busy slot before either.
 std::string metrics_after(const Running& r, double generations) {
   std::string m;
   for (int i = 0; i < 500; ++i) {
     m = get(r, "/metrics").raw;
     if (metric(m, "ingot_generations_total{reason=\"cancelled\"}") +
-            metric(m, "ingot_generations_total{reason=\"length\"}") >=
-        generations)
+                metric(m, "ingot_generations_total{reason=\"length\"}") >=
+            generations &&
+        metric(m, "ingot_slots_busy") == 0)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
