@@ -34,6 +34,7 @@ using mma::cp_async_wait;
 using mma::ldmatrix_x4;
 using mma::ldmatrix_x4_trans;
 using mma::Mma;
+using mma::online_softmax_tile;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -155,49 +156,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(DecodePa
         Mma<T>::run(s[0], qf[kk], b[0], b[1]);
         Mma<T>::run(s[1], qf[kk], b[2], b[3]);
       }
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int j = j0 + n * 8 + tq * 2;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool valid = j + e >= lo && j + e < hi;
-          s[n][e] = valid ? s[n][e] * p.scale_log2 : -INFINITY;
-          s[n][2 + e] = valid ? s[n][2 + e] * p.scale_log2 : -INFINITY;
-          mx_a = fmaxf(mx_a, s[n][e]);
-          mx_b = fmaxf(mx_b, s[n][2 + e]);
-        }
-      }
-#pragma unroll
-      for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-      }
-      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-      // A row with nothing visible yet keeps max -inf: use 0 so exp2 gives 0, never NaN.
-      const float use_a = mn_a == -INFINITY ? 0.f : mn_a, use_b = mn_b == -INFINITY ? 0.f : mn_b;
-      const float corr_a = exp2f(m_a - use_a), corr_b = exp2f(m_b - use_b);
-      m_a = mn_a;
-      m_b = mn_b;
-      float sum_a = 0.f, sum_b = 0.f;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s[n][0] = exp2f(s[n][0] - use_a);
-        s[n][1] = exp2f(s[n][1] - use_a);
-        s[n][2] = exp2f(s[n][2] - use_b);
-        s[n][3] = exp2f(s[n][3] - use_b);
-        sum_a += s[n][0] + s[n][1];
-        sum_b += s[n][2] + s[n][3];
-      }
-      l_a = l_a * corr_a + sum_a;  // per-lane partial sums, reduced over the 4 lanes of a row at the end
-      l_b = l_b * corr_b + sum_b;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][0] *= corr_a;
-        o[n][1] *= corr_a;
-        o[n][2] *= corr_b;
-        o[n][3] *= corr_b;
-      }
+      online_softmax_tile(s, o, m_a, m_b, l_a, l_b, p.scale_log2, j0, tq,
+                          [&](int j, int) { return j >= lo && j < hi; });
       // O += P V: the two 16x8 score tiles are the A operand of one k-step over the warp's 16 keys.
       const uint32_t a[4] = {Mma<T>::pack(s[0][0], s[0][1]), Mma<T>::pack(s[0][2], s[0][3]),
                              Mma<T>::pack(s[1][0], s[1][1]), Mma<T>::pack(s[1][2], s[1][3])};

@@ -31,6 +31,7 @@ using mma::cp_async_wait;
 using mma::ldmatrix_x4;
 using mma::ldmatrix_x4_trans;
 using mma::Mma;
+using mma::online_softmax_tile;
 
 constexpr int kBq = 64;  // query tokens per block, 16 per warp
 constexpr int kWarps = 4;
@@ -240,49 +241,9 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
           }
         }
         // Mask, then the online softmax update of each row (4 lanes share a row: reduce over them).
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kBk / 8; ++n) {
-          const int j = k0 + n * 8 + tq * 2;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool va = j + e >= lo_a && j + e < hi_a, vb = j + e >= lo_b && j + e < hi_b;
-            s[n][e] = va ? s[n][e] * p.scale_log2 : -INFINITY;
-            s[n][2 + e] = vb ? s[n][2 + e] * p.scale_log2 : -INFINITY;
-            mx_a = fmaxf(mx_a, s[n][e]);
-            mx_b = fmaxf(mx_b, s[n][2 + e]);
-          }
-        }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-          mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
-          mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        // A row with nothing visible yet keeps max -inf: use 0 so exp2 gives 0, never NaN.
-        const float use_a = mn_a == -INFINITY ? 0.f : mn_a, use_b = mn_b == -INFINITY ? 0.f : mn_b;
-        const float corr_a = exp2f(m_a - use_a), corr_b = exp2f(m_b - use_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float sum_a = 0.f, sum_b = 0.f;
-#pragma unroll
-        for (int n = 0; n < kBk / 8; ++n) {
-          s[n][0] = exp2f(s[n][0] - use_a);
-          s[n][1] = exp2f(s[n][1] - use_a);
-          s[n][2] = exp2f(s[n][2] - use_b);
-          s[n][3] = exp2f(s[n][3] - use_b);
-          sum_a += s[n][0] + s[n][1];
-          sum_b += s[n][2] + s[n][3];
-        }
-        l_a = l_a * corr_a + sum_a;  // per-lane partial sums, reduced over the 4 lanes at the end
-        l_b = l_b * corr_b + sum_b;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][0] *= corr_a;
-          o[n][1] *= corr_a;
-          o[n][2] *= corr_b;
-          o[n][3] *= corr_b;
-        }
+        online_softmax_tile(s, o, m_a, m_b, l_a, l_b, p.scale_log2, k0, tq, [&](int j, int row) {
+          return row == 0 ? j >= lo_a && j < hi_a : j >= lo_b && j < hi_b;
+        });
         // O += P V: P's accumulator tiles 2c, 2c+1 form the A operand of k-step c.
 #pragma unroll
         for (int c = 0; c < kBk / 16; ++c) {

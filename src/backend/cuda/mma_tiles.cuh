@@ -1,12 +1,14 @@
 // The warp-level tensor-core pieces the attention kernels share (attention_prefill.cu,
 // attention_decode_mma.cu): mma.sync m16n8k16 with f32 accumulation for f16/bf16, packing two f32 into
-// an operand register, ldmatrix (plain and transposed) and 16-byte cp.async with zero fill; and the
+// an operand register, ldmatrix (plain and transposed), 16-byte cp.async with zero fill and the online
+// softmax over one tile of scores in accumulator layout; and the
 // end of the few-token products whose 16-row tiles are split over warps by K (tc_gemv_kernel.cuh,
 // int4_gemv_kernel.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -62,6 +64,60 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+// The online-softmax update of one tile of keys for the two query rows a lane's accumulators hold
+// (row a = g: elements 0 and 1; row b = g + 8: elements 2 and 3; the 4 lanes of a quad share a row):
+// the scores s[n][e | 2 + e] of key j0 + 8n + 2tq + e are scaled by scale_log2 where valid(key, row)
+// (row 0 for a, 1 for b) and set to -inf elsewhere; the running maxima m_a / m_b take the tile's (over
+// the quad), the lane's partial sums l_a / l_b and the output rows o are rescaled to them, and s is left
+// holding exp2(score - max), the P of the P V product that follows. A row with nothing visible yet keeps
+// max -inf and uses 0 in the exponent, so exp2 gives 0, never NaN.
+template <int NS, int NO, class Valid>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&o)[NO][4], float& m_a, float& m_b,
+                                                    float& l_a, float& l_b, float scale_log2, int j0, int tq,
+                                                    Valid valid) {
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+    const int j = j0 + n * 8 + tq * 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[n][e] = valid(j + e, 0) ? s[n][e] * scale_log2 : -INFINITY;
+      s[n][2 + e] = valid(j + e, 1) ? s[n][2 + e] * scale_log2 : -INFINITY;
+      mx_a = fmaxf(mx_a, s[n][e]);
+      mx_b = fmaxf(mx_b, s[n][2 + e]);
+    }
+  }
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+  }
+  const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+  const float use_a = mn_a == -INFINITY ? 0.f : mn_a, use_b = mn_b == -INFINITY ? 0.f : mn_b;
+  const float corr_a = exp2f(m_a - use_a), corr_b = exp2f(m_b - use_b);
+  m_a = mn_a;
+  m_b = mn_b;
+  float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+    s[n][0] = exp2f(s[n][0] - use_a);
+    s[n][1] = exp2f(s[n][1] - use_a);
+    s[n][2] = exp2f(s[n][2] - use_b);
+    s[n][3] = exp2f(s[n][3] - use_b);
+    sum_a += s[n][0] + s[n][1];
+    sum_b += s[n][2] + s[n][3];
+  }
+  l_a = l_a * corr_a + sum_a;  // per-lane partial sums, reduced over the quad at the end
+  l_b = l_b * corr_b + sum_b;
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[n][0] *= corr_a;
+    o[n][1] *= corr_a;
+    o[n][2] *= corr_b;
+    o[n][3] *= corr_b;
+  }
 }
 
 // The sum of a 16-row tile split over S warps by K: c is the calling warp's C fragment (lane (g, t):
