@@ -28,13 +28,7 @@
 namespace ingot::cuda {
 namespace {
 
-using mma::cp_async16;
-using mma::cp_async_commit;
-using mma::cp_async_wait;
-using mma::ldmatrix_x4;
-using mma::ldmatrix_x4_trans;
-using mma::Mma;
-using mma::online_softmax_tile;
+using namespace mma;  // the tensor-core pieces both attention kernels share (mma_tiles.cuh)
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -107,17 +101,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(DecodePa
     cp_async16(sQ + r * SD + c * 8, qg + (ok ? r * D + c * 8 : 0), ok);
   }
   cp_async_commit();
-  auto load_tile = [&](int buf, int k0) {
-    T* dk = sK + buf * kBk * SD;
-    T* dv = sV + buf * kBk * SD;
-    for (int i = threadIdx.x; i < kBk * CH; i += kThreads) {
-      const int r = i / CH, c = i % CH, j = k0 + r;
-      const bool ok = j < hi;  // keys before lo are read (they exist) and masked
-      const int64_t off = ok ? int64_t(j) * p.slot_stride + c * 8 : 0;
-      cp_async16(dk + r * SD + c * 8, kg + off, ok);
-      cp_async16(dv + r * SD + c * 8, vg + off, ok);
-    }
-    cp_async_commit();
+  auto load_tile = [&](int buf, int k0) {  // keys before lo are read (they exist) and masked
+    cp_async_kv_tile<kBk, CH, SD, kThreads>(sK + buf * kBk * SD, sV + buf * kBk * SD, kg, vg, 0, p.slot_stride, k0, hi);
   };
   const int first = (lo / kBk) * kBk;
   load_tile(0, first);

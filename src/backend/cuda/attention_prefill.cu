@@ -25,13 +25,7 @@
 namespace ingot::cuda {
 namespace {
 
-using mma::cp_async16;
-using mma::cp_async_commit;
-using mma::cp_async_wait;
-using mma::ldmatrix_x4;
-using mma::ldmatrix_x4_trans;
-using mma::Mma;
-using mma::online_softmax_tile;
+using namespace mma;  // the tensor-core pieces both attention kernels share (mma_tiles.cuh)
 
 constexpr int kBq = 64;  // query tokens per block, 16 per warp
 constexpr int kWarps = 4;
@@ -192,17 +186,9 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
     }
 
     const int64_t base = int64_t(seg_row) * p.batch_stride + int64_t(kvh) * p.head_stride;
-    auto load_tile = [&](int buf, int k0) {
-      T* dk = sK + buf * kBk * SD;
-      T* dv = sV + buf * kBk * SD;
-      for (int i = threadIdx.x; i < kBk * CH; i += kThreads) {
-        const int r = i / CH, c = i % CH, j = k0 + r;
-        const bool ok = j < kmax;  // kmax <= kv_len <= capacity; keys before kmin are masked anyway
-        const int64_t off = ok ? base + int64_t(j) * p.slot_stride + c * 8 : 0;
-        cp_async16(dk + r * SD + c * 8, kg + off, ok);
-        cp_async16(dv + r * SD + c * 8, vg + off, ok);
-      }
-      cp_async_commit();
+    auto load_tile = [&](int buf, int k0) {  // kmax <= kv_len <= capacity; keys before kmin are masked anyway
+      cp_async_kv_tile<kBk, CH, SD, kThreads>(sK + buf * kBk * SD, sV + buf * kBk * SD, kg, vg, base, p.slot_stride, k0,
+                                              kmax);
     };
     const int first = kmin < kmax ? (kmin / kBk) * kBk : kmax;
     if (first < kmax) load_tile(0, first);

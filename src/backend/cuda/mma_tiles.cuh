@@ -55,6 +55,22 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// Keys k0 .. k0 + ROWS - 1 of one head's K and V (rows of CH 16-byte chunks, `stride` elements apart,
+// starting at k + base and v + base) into the shared tiles dk and dv (row pitch SD elements), copied by
+// the block's THREADS threads as one commit group; rows at or past `end` are zero-filled, not read.
+template <int ROWS, int CH, int SD, int THREADS, typename T>
+__device__ __forceinline__ void cp_async_kv_tile(T* dk, T* dv, const T* k, const T* v, int64_t base, int64_t stride,
+                                                 int k0, int end) {
+  for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+    const int r = i / CH, c = i % CH, j = k0 + r;
+    const bool ok = j < end;
+    const int64_t off = ok ? base + int64_t(j) * stride + c * 8 : 0;
+    cp_async16(dk + r * SD + c * 8, k + off, ok);
+    cp_async16(dv + r * SD + c * 8, v + off, ok);
+  }
+  cp_async_commit();
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
