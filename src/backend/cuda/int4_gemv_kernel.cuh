@@ -273,6 +273,38 @@ __device__ __forceinline__ float scale_f32(uint32_t s2) {
   else return __half2float(__ushort_as_half(static_cast<unsigned short>(s2 & 0xffffu)));
 }
 
+// One slot of the one-token product: lane (g, t)'s 16 bytes of rows g and g + 8 (sl.qa, sl.qb) against
+// token g's 32 columns there (xv, as load_pairs32 gives them), into the two accumulators: alternating
+// by h (Scaling::PerWeight, the weights rounded to 16 bits first: acc[0] and acc[1]), or summed per slot
+// as integers and scaled once into acc[0] (PerSlot; rows g: elements 0, 1; g + 8: 2, 3). kPairedNibbles: x's own pairs
+// are the B fragments (the library's order, below), else byte permutes build them.
+template <typename T, Scaling kScaling, bool kPairedNibbles>
+__device__ __forceinline__ void one_token_slot(const Slot& sl, const uint32_t (&xv)[16], float (*acc)[4]) {
+  const uint32_t wa4[4] = {sl.qa.x, sl.qa.y, sl.qa.z, sl.qa.w};
+  const uint32_t wb4[4] = {sl.qb.x, sl.qb.y, sl.qb.z, sl.qb.w};
+  float sm[2][4] = {};
+  float(*dst)[4] = kScaling == Scaling::PerWeight ? acc : sm;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t A[4];
+      if constexpr (kScaling == Scaling::PerWeight) a_fragment<T>(sl, wa4[j], wb4[j], h, A);
+      else int_fragment<T>(wa4[j], wb4[j], sl.zma, sl.zmb, h, A);
+      uint32_t B[2];
+      if constexpr (kPairedNibbles) B[0] = h ? r2 : r0, B[1] = h ? r3 : r1;
+      else b_fragments(r0, r1, r2, r3, h, B);
+      mma::Mma<T>::run(dst[h], A, B[0], B[1]);
+    }
+  }
+  if constexpr (kScaling == Scaling::PerSlot) {
+    const float fa = scale_f32<T>(sl.sa), fb = scale_f32<T>(sl.sb);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[0][e]);
+  }
+}
+
 // What a tile's 16 A rows (the MMA's M) are and where its sums go.
 //  - PlainOut: y = x w^T (+ bias), A rows g and g + 8 are weight rows n0 + g and n0 + g + 8, the
 //    outputs of those numbers (16 a tile).
@@ -524,31 +556,7 @@ __global__ void __launch_bounds__(Sp::R * Sp::S * 32, Sp::M) kernel(Args a) {
       const int p = q0 + 4 * u + t;
       uint32_t xv[16];  // token g, the piece's 32 columns as 16 pairs (zeros outside the call)
       load_pairs32(xr && (!check || p < pieces) ? xr + int64_t(p) * 32 : nullptr, xv);
-      const uint32_t wa4[4] = {sl[u].qa.x, sl[u].qa.y, sl[u].qa.z, sl[u].qa.w};
-      const uint32_t wb4[4] = {sl[u].qb.x, sl[u].qb.y, sl[u].qb.z, sl[u].qb.w};
-      // PerWeight: the MMAs add into the two alternating accumulators; PerSlot: into the slot's own
-      // sums per h, each then scaled once (rows g: c0, c1; g + 8: c2, c3).
-      float sm[2][4] = {};
-      float(*dst)[4] = kScaling == Scaling::PerWeight ? acc : sm;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t r0 = xv[4 * j], r1 = xv[4 * j + 1], r2 = xv[4 * j + 2], r3 = xv[4 * j + 3];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t A[4];
-          if constexpr (kScaling == Scaling::PerWeight) a_fragment<T>(sl[u], wa4[j], wb4[j], h, A);
-          else int_fragment<T>(wa4[j], wb4[j], sl[u].zma, sl[u].zmb, h, A);
-          uint32_t B[2];
-          if constexpr (kPairedNibbles) B[0] = h ? r2 : r0, B[1] = h ? r3 : r1;
-          else b_fragments(r0, r1, r2, r3, h, B);
-          mma::Mma<T>::run(dst[h], A, B[0], B[1]);
-        }
-      }
-      if constexpr (kScaling == Scaling::PerSlot) {
-        const float fa = scale_f32<T>(sl[u].sa), fb = scale_f32<T>(sl[u].sb);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[0][e] = fmaf(sm[0][e] + sm[1][e], e < 2 ? fa : fb, acc[0][e]);
-      }
+      one_token_slot<T, kScaling, kPairedNibbles>(sl[u], xv, acc);
     }
   };
 
