@@ -171,6 +171,8 @@ TEST_P(CudaOps, Int4BulkKernelIsTheRegisterKernelBitForBit) {
     int64_t N, K, G;
     bool zeros, same;  // same: the register kernel's bits expected
   };
+  const char* before = std::getenv("INGOT_CUDA_INT4_BULK");
+  const std::string kept = before ? before : "";
   const auto bulk = [](bool on) { ::setenv("INGOT_CUDA_INT4_BULK", on ? "1" : "0", 1); };
   int cases = 0;
   for (const Case cs : {Case{64, 1024, 128, false, true}, Case{16400, 4096, 128, false, true},
@@ -198,7 +200,8 @@ TEST_P(CudaOps, Int4BulkKernelIsTheRegisterKernelBitForBit) {
       const bool took_reg = gpu_be_->linear_swiglu(gx, wm, g.m(sreg, T, I));
       bulk(true);
       const bool took_blk = gpu_be_->linear_swiglu(gx, wm, g.m(sblk, T, I));
-      ::unsetenv("INGOT_CUDA_INT4_BULK");
+      if (before) ::setenv("INGOT_CUDA_INT4_BULK", kept.c_str(), 1);
+      else ::unsetenv("INGOT_CUDA_INT4_BULK");
       ASSERT_TRUE(took_reg && took_blk) << what;
       if (cs.same) {
         EXPECT_EQ(g.get(blk, size_t(T * cs.N)), g.get(reg, size_t(T * cs.N))) << what;
