@@ -33,6 +33,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -175,22 +177,25 @@ bool bulk_suits(const Args& a) {
          a.T <= 8 && runs && (a.K / 128 + KC - 1) / KC <= kMaxChunks;
 }
 
-// The dynamic shared memory bulk_kernel<T, S, KC, Out> may take on this device (the opt-in limit less
-// its static arrays), granted to it on the first call.
+// The dynamic shared memory bulk_kernel<T, S, KC, Out> may take on the current device (the opt-in
+// limit less its static arrays), granted to it there on the first call (the allowance is per device).
 template <typename T, int S, int KC, class Out>
 int64_t dynamic_smem_limit() {
-  static const int64_t limit = [] {
-    int dev = 0, optin = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
-    cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, bulk_kernel<T, S, KC, Out>), "int4 bulk kernel attributes");
-    const int dynamic = optin - int(fa.sharedSizeBytes);
-    check(cudaFuncSetAttribute(bulk_kernel<T, S, KC, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic),
-          "int4 bulk kernel shared memory");
-    return int64_t(dynamic);
-  }();
-  return limit;
+  static std::mutex mu;
+  static std::map<int, int64_t> limits;  // device -> bytes
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = limits.find(dev);
+  if (it != limits.end()) return it->second;
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
+  cudaFuncAttributes fa{};
+  check(cudaFuncGetAttributes(&fa, bulk_kernel<T, S, KC, Out>), "int4 bulk kernel attributes");
+  const int dynamic = optin - int(fa.sharedSizeBytes);
+  check(cudaFuncSetAttribute(bulk_kernel<T, S, KC, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic),
+        "int4 bulk kernel shared memory");
+  return limits[dev] = int64_t(dynamic);
 }
 
 // Launches bulk_kernel<T, S, KC, Out> (one block a tile; S = 8 and KC = 8 in the library,
