@@ -198,9 +198,10 @@ int64_t dynamic_smem_limit() {
   return limits[dev] = int64_t(dynamic);
 }
 
-// Launches bulk_kernel<T, S, KC, Out> (one block a tile; S = 8 and KC = 8 in the library,
-// bench/int4_lab.cu times others) where it takes the call; false, launching nothing, where it does not
-// (bulk_suits, a GPU before sm_90, or a tile past the device's shared memory).
+// Launches bulk_kernel<T, S, KC, Out>, one block a tile, where it takes the call; false, launching
+// nothing, where it does not (bulk_suits, a GPU before sm_90, or a tile past the device's shared
+// memory). The library takes S = KC = 8, and 16 for rows past K = 8192, whose tile leaves one block an
+// SM; bench/int4_lab.cu times others.
 template <typename T, class Out, int S = 8, int KC = 8>
 bool launch_bulk(const Args& a, cudaStream_t s) {
   if (!bulk_suits<Out, KC>(a) || device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 ||

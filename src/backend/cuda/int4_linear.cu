@@ -379,7 +379,11 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
     case 8: return launch_blocks<T, Out, 8>(a, xf, s);
     default: break;  // one block: the split by shape below
   }
-  if (bulk_wanted() && int4bulk::launch_bulk<T, Out>(a, s)) return;
+  if (bulk_wanted()) {
+    // Long rows (down: 112 KB a tile at K = 14336) leave one block an SM, so 16 warps a block there.
+    const bool took = a.K > 8192 ? int4bulk::launch_bulk<T, Out, 16, 16>(a, s) : int4bulk::launch_bulk<T, Out>(a, s);
+    if (took) return;
+  }
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, Out, Split<8, 1, 1, false>>(a, s);
     case Int4Design::S8U2R1: return launch_design<T, Out, Split<8, 2, 1, false>>(a, s);
