@@ -188,8 +188,7 @@ int64_t dynamic_smem_limit() {
   std::lock_guard<std::mutex> lock(mu);
   auto it = limits.find(dev);
   if (it != limits.end()) return it->second;
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   cudaFuncAttributes fa{};
   check(cudaFuncGetAttributes(&fa, bulk_kernel<T, S, KC, Out>), "int4 bulk kernel attributes");
   const int dynamic = optin - int(fa.sharedSizeBytes);
@@ -207,8 +206,8 @@ bool launch_bulk(const Args& a, cudaStream_t s) {
   if (!bulk_suits<Out, KC>(a) || device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 ||
       smem_bytes(a.K) > dynamic_smem_limit<T, S, KC, Out>())
     return false;
-  const unsigned tiles = unsigned((Out::outputs(a) + Out::kSpan - 1) / Out::kSpan);
-  launch("int4_bulk_kernel", bulk_kernel<T, S, KC, Out>, dim3(tiles), dim3(S * 32), size_t(smem_bytes(a.K)), s, a);
+  launch("int4_bulk_kernel", bulk_kernel<T, S, KC, Out>, dim3(int4gemv::grid_blocks<int4gemv::Split<S, 1, 1>, Out>(a)),
+         dim3(S * 32), size_t(smem_bytes(a.K)), s, a);
   return true;
 }
 
