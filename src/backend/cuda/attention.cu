@@ -21,9 +21,6 @@
 // (the query is pre-multiplied by scale * log2 e) so every exponential is one ex2.
 #include <algorithm>
 #include <cfloat>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "backend/cuda/vec.cuh"
 
@@ -625,25 +622,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs a) {
 
 using Kernel = void (*)(AttnArgs);
 
-// Blocks of `kernel` the device runs at once (SMs x resident blocks per SM), cached per device,
-// kernel and shared memory size.
+// Blocks of `kernel` the device runs at once (SMs x resident blocks per SM). The kernel always opts in
+// (allow_dynamic_smem): static shared memory counts against the 48 KiB default too, so a kernel with
+// exactly 48 KiB of dynamic memory would not fit without it.
 int wave_blocks(Kernel kernel, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, Kernel, size_t>, int> cache;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, kernel, smem);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  // Always opt in: static shared memory counts against the 48 KiB default too, so a kernel with
-  // exactly 48 KiB of dynamic memory would not fit without it.
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-        "attention kernel shared memory");
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), "attention occupancy");
+  const int per_sm = resident_blocks_per_sm(kernel, kThreads, smem, "attention kernel occupancy");
   if (per_sm < 1) throw Error("cuda backend: an attention kernel does not fit on a multiprocessor");
-  return cache[key] = per_sm * device_sm_count();
+  return per_sm * device_sm_count();
 }
 
 // Sizes the grid (from max_kv_len and the device only) and launches.

@@ -207,17 +207,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(DecodePa
 
 template <typename T, int D>
 int resident_blocks() {
-  static const int per_sm = [] {
-    check(cudaFuncSetAttribute(attention_decode_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(smem_bytes<T, D>())),
-          "attention_decode_mma_kernel shared memory");
-    int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_mma_kernel<T, D>, kThreads,
-                                                        smem_bytes<T, D>()),
-          "attention_decode_mma_kernel occupancy");
-    return n;
-  }();
-  return per_sm;
+  return resident_blocks_per_sm(attention_decode_mma_kernel<T, D>, kThreads, smem_bytes<T, D>(),
+                                "attention_decode_mma_kernel occupancy");
 }
 
 // Launches when the call has more (token, kv head) items than the device holds at once; false otherwise.

@@ -270,14 +270,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(PrefillPara
 
 template <typename T, int D>
 void launch_prefill(const PrefillParams& pp, cudaStream_t s) {
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
-  static const bool opted = [] {
-    check(cudaFuncSetAttribute(attention_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(smem_bytes<T, D>())),
-          "attention_prefill_kernel shared memory");
-    return true;
-  }();
-  (void)opted;
+  allow_dynamic_smem(attention_prefill_kernel<T, D>, smem_bytes<T, D>(), "attention_prefill_kernel shared memory");
   const dim3 grid(unsigned((pp.T + kBq - 1) / kBq), unsigned(pp.q_heads));
   launch("attention_prefill_kernel", attention_prefill_kernel<T, D>, grid, dim3(kThreads), smem_bytes<T, D>(), s, pp);
 }

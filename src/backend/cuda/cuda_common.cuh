@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backend/backend.h"
@@ -118,6 +119,48 @@ inline int device_attribute(cudaDeviceAttr attr) {
 
 // Multiprocessors of the current device (launchers size grids by it).
 inline int device_sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device (above 48 KiB
+// less its static arrays a kernel must opt in). The driver keeps the allowance per device and function
+// and refuses a launch above it, so it is raised here, never lowered, the first time each device sees
+// a kernel at a larger size: a process that drives several GPUs, or launches one kernel at several
+// sizes, stays within it on every launch. Cheap after the first call (a lookup under a lock).
+inline void allow_dynamic_smem(const void* kernel, size_t bytes, const char* what) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> granted;  // (device, kernel) -> bytes
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& g = granted[{dev, kernel}];
+  if (bytes <= g) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
+  g = bytes;
+}
+template <typename... KArgs>
+void allow_dynamic_smem(void (*kernel)(KArgs...), size_t bytes, const char* what) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, what);
+}
+
+// Blocks of `kernel` (at `threads` a block and `smem` bytes of dynamic shared memory, allowed first)
+// that one multiprocessor of the current device holds at once, asked once per device and shape.
+inline int resident_blocks_per_sm(const void* kernel, int threads, size_t smem, const char* what) {
+  allow_dynamic_smem(kernel, smem, what);
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, kernel, threads, smem);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), what);
+  return cache[key] = n;
+}
+template <typename... KArgs>
+int resident_blocks_per_sm(void (*kernel)(KArgs...), int threads, size_t smem, const char* what) {
+  return resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, what);
+}
 
 // Whether launches allow programmatic dependent launch; INGOT_CUDA_PDL=0 turns it off (for A/B
 // measurements and as a fallback), the kernels' waits then being no-ops.

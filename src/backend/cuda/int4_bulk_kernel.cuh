@@ -177,8 +177,8 @@ bool bulk_suits(const Args& a) {
          a.T <= 8 && runs && (a.K / 128 + KC - 1) / KC <= kMaxChunks;
 }
 
-// The dynamic shared memory bulk_kernel<T, S, KC, Out> may take on the current device (the opt-in
-// limit less its static arrays), granted to it there on the first call (the allowance is per device).
+// The dynamic shared memory bulk_kernel<T, S, KC, Out> may take on the current device: the opt-in limit
+// less its static arrays (asked once per device).
 template <typename T, int S, int KC, class Out>
 int64_t dynamic_smem_limit() {
   static std::mutex mu;
@@ -188,13 +188,9 @@ int64_t dynamic_smem_limit() {
   std::lock_guard<std::mutex> lock(mu);
   auto it = limits.find(dev);
   if (it != limits.end()) return it->second;
-  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   cudaFuncAttributes fa{};
   check(cudaFuncGetAttributes(&fa, bulk_kernel<T, S, KC, Out>), "int4 bulk kernel attributes");
-  const int dynamic = optin - int(fa.sharedSizeBytes);
-  check(cudaFuncSetAttribute(bulk_kernel<T, S, KC, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic),
-        "int4 bulk kernel shared memory");
-  return limits[dev] = int64_t(dynamic);
+  return limits[dev] = int64_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - int64_t(fa.sharedSizeBytes);
 }
 
 // Launches bulk_kernel<T, S, KC, Out>, one block a tile, where it takes the call; false, launching
@@ -206,6 +202,7 @@ bool launch_bulk(const Args& a, cudaStream_t s) {
   if (!bulk_suits<Out, KC>(a) || device_attribute(cudaDevAttrComputeCapabilityMajor) < 9 ||
       smem_bytes(a.K) > dynamic_smem_limit<T, S, KC, Out>())
     return false;
+  allow_dynamic_smem(bulk_kernel<T, S, KC, Out>, size_t(smem_bytes(a.K)), "int4 bulk kernel shared memory");
   launch("int4_bulk_kernel", bulk_kernel<T, S, KC, Out>, dim3(int4gemv::grid_blocks<int4gemv::Split<S, 1, 1>, Out>(a)),
          dim3(S * 32), size_t(smem_bytes(a.K)), s, a);
   return true;

@@ -31,8 +31,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 
 #include "backend/cuda/int4_gemv_kernel.cuh"
 
@@ -277,16 +275,7 @@ void launch_gemm(const Args& a, cudaStream_t s) {
   constexpr int BT = WN * W;
   constexpr int smem = ST * stage_bytes<BT, NT>();
   auto kern = gemm_kernel<T, Out, WN, W, NT, ST, C, kZeros, kScaling>;
-  // The shared-memory allowance is the function's on each device: set once per device.
-  static std::mutex mu;
-  static std::set<int> sized;
-  {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    std::lock_guard<std::mutex> lock(mu);
-    if (sized.insert(dev).second)
-      check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "int4 gemm smem");
-  }
+  allow_dynamic_smem(kern, smem, "int4 gemm shared memory");
   const int tiles = (Out::outputs(a) + Out::kSpan - 1) / Out::kSpan;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned((tiles + BT - 1) / BT), unsigned(C));

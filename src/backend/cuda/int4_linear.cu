@@ -476,8 +476,7 @@ void relayout_int4_cuda(Mat& w, cudaStream_t s) {
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
   const size_t smem = size_t(w.cols) * 4;
   if (w.rows % 8 == 0 && w.cols % 128 == 0 && smem <= size_t(optin)) {
-    check(cudaFuncSetAttribute(int4_blocks8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "int4 re-layout shared memory");
+    allow_dynamic_smem(int4_blocks8_kernel, smem, "int4 re-layout shared memory");
     launch("int4_blocks8_kernel", int4_blocks8_kernel, dim3(unsigned(w.rows / 8)), dim3(256), smem, s,
            static_cast<uint8_t*>(w.data), int(w.cols));
     w.int4.layout = Int4Layout::Blocks8;

@@ -782,14 +782,7 @@ void launch_gated_delta_rule(const GatedDeltaRuleParams& p, cudaStream_t s, bool
     if (blocks > 0x7fffffff) throw Error("cuda backend: gated_delta_rule: too many tokens in one call");
     dispatch(p.q.dtype, "gated_delta_rule", [&](auto* tag) {
       using E = std::remove_pointer_t<decltype(tag)>;
-      // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process and dtype.
-      static const bool opted = [] {
-        check(cudaFuncSetAttribute(gated_delta_chunked_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(kChunkSmem)),
-              "gated_delta_chunked_kernel shared memory");
-        return true;
-      }();
-      (void)opted;
+      allow_dynamic_smem(gated_delta_chunked_kernel<E>, kChunkSmem, "gated_delta_chunked_kernel shared memory");
       launch("gated_delta_chunked_kernel", gated_delta_chunked_kernel<E>, dim3(unsigned(blocks)),
              dim3(kChunkThreads), kChunkSmem, s, a);
     });

@@ -50,6 +50,8 @@
 
 #include <cfloat>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/sampling.h"
@@ -778,56 +780,68 @@ constexpr size_t cache_bytes_for(int64_t vocab, int ranks) {
 static_assert(sizeof(Shared) <= 48 * 1024, "static shared memory is capped at 48 KiB");
 static_assert(sizeof(Shared) + cache_bytes_for(151936, 4) <= 232448, "a 152k row's key cache fits an H200 at 4 blocks");
 
+// What the current device allows the sample kernels of T; found (and the attributes set) on the first
+// call on each device: the opt-in limit and the cluster sizes differ between GPUs, and the driver
+// keeps function attributes per device.
 template <typename T>
-const Limits& limits() {
-  static const Limits v = [] {
-    Limits l{1, 0};
-    int dev = 0, major = 0, optin = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-    cudaFuncAttributes fa{};
-    check(cudaFuncGetAttributes(&fa, kernel_for<T>(true, false)), "sample_kernel attributes");
-    // The cached kernels (both merges: the same Shared) may take the rest of the opt-in maximum.
-    if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
-      const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
-      bool ok = true;
-      for (const bool scatter : {false, true})
-        ok = ok && cudaFuncSetAttribute(kernel_for<T>(true, scatter), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(bytes)) == cudaSuccess;
-      if (ok) l.cache_bytes = bytes;
-      else cudaGetLastError();  // refused: the passes recompute, as without a cache
+Limits probe_limits() {
+  Limits l{1, 0};
+  int dev = 0, major = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  cudaFuncAttributes fa{};
+  check(cudaFuncGetAttributes(&fa, kernel_for<T>(true, false)), "sample_kernel attributes");
+  // The cached kernels (both merges: the same Shared) may take the rest of the opt-in maximum.
+  if (cache_enabled() && size_t(optin) > fa.sharedSizeBytes) {
+    const size_t bytes = size_t(optin) - fa.sharedSizeBytes;
+    bool ok = true;
+    for (const bool scatter : {false, true})
+      ok = ok && cudaFuncSetAttribute(kernel_for<T>(true, scatter), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(bytes)) == cudaSuccess;
+    if (ok) l.cache_bytes = bytes;
+    else cudaGetLastError();  // refused: the passes recompute, as without a cache
+  }
+  if (major < 9) return l;
+  for (const bool cache : {false, true})
+    for (const bool scatter : {false, true})
+      check(cudaFuncSetAttribute(kernel_for<T>(cache, scatter), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+            "sample_kernel cluster size");
+  // Asked of the kernel a row of c blocks would launch, with the largest cache a launch may take (a
+  // cluster resident so is resident without it); 64 registers per thread already leave one
+  // 1024-thread block per SM, so the cache costs no residency.
+  for (int c = kMaxRanks; c > 1; c /= 2) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(c));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = l.cache_bytes;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(c);
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0, scatter_for(c)), &cfg) == cudaSuccess &&
+        n > 0) {
+      l.max_ranks = c;
+      return l;
     }
-    if (major < 9) return l;
-    for (const bool cache : {false, true})
-      for (const bool scatter : {false, true})
-        check(cudaFuncSetAttribute(kernel_for<T>(cache, scatter), cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-              "sample_kernel cluster size");
-    // Asked of the kernel a row of c blocks would launch, with the largest cache a launch may take (a
-    // cluster resident so is resident without it); 64 registers per thread already leave one
-    // 1024-thread block per SM, so the cache costs no residency.
-    for (int c = kMaxRanks; c > 1; c /= 2) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(c));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = l.cache_bytes;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = unsigned(c);
-      at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel_for<T>(l.cache_bytes > 0, scatter_for(c)), &cfg) == cudaSuccess &&
-          n > 0) {
-        l.max_ranks = c;
-        return l;
-      }
-      cudaGetLastError();  // a size the device refuses: try the next
-    }
-    return l;
-  }();
-  return v;
+    cudaGetLastError();  // a size the device refuses: try the next
+  }
+  return l;
+}
+
+template <typename T>
+Limits limits() {
+  static std::mutex mu;
+  static std::map<int, Limits> by_device;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = by_device.find(dev);
+  if (it != by_device.end()) return it->second;
+  return by_device[dev] = probe_limits<T>();
 }
 
 struct Plan {
@@ -842,7 +856,7 @@ struct Plan {
 template <typename T>
 Plan plan_for(int64_t rows, int64_t vocab) {
   const int sms = device_sm_count();
-  const Limits& l = limits<T>();
+  const Limits l = limits<T>();
   int c = l.max_ranks;
   if (ranks_override() > 0)
     while (c > 1 && c > ranks_override()) c /= 2;
