@@ -33,9 +33,7 @@
 // pairs are the B fragments; the library's order, backend.h's Int4Scales::paired, which "lib" and
 // "lib B" are given: in rows and in blocks),
 // "reg S4 U4" int4_stream_lab.cuh's register-load kernel, " T" / " B" with the weights in its 16-row
-// tiles / 8-row blocks (symmetric runs only), "bulk S8 C8" int4_bulk_kernel.cuh's kernel (the
-// tile's weights copied into shared memory by bulk copies, KC quads a chunk; symmetric runs only),
-// "G WN4 W1 N8 ST4 C2 B" int4_gemm_kernel.cuh's pipelined
+// tiles / 8-row blocks (symmetric runs only), "G WN4 W1 N8 ST4 C2 B" int4_gemm_kernel.cuh's pipelined
 // GEMM for 9..64 tokens (WN warps of W tiles a block, NT token blocks, ST stages, K split over C
 // blocks; x reordered first, both launches timed).
 #include <cuda_bf16.h>
@@ -51,7 +49,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/int4_bulk_kernel.cuh"
 #include "backend/cuda/int4_gemm_kernel.cuh"
 #include "backend/cuda/int4_gemv_kernel.cuh"
 #include "int4_stream_lab.cuh"
@@ -133,28 +130,6 @@ Design design_reg() {
   d.launch = [](const Args& a, cudaStream_t s) {
     ingot::cuda::launch("int4_lab_reg", lab4::reg_kernel<bf16, LabLayout<Layout>, S, U, P>,
                         dim3(lab4::grid_blocks(a)), dim3(S * 32), 0, s, a);
-  };
-  return d;
-}
-
-// int4_bulk_kernel.cuh's designs ("bulk S8 C8"; the library takes S8 C8 under INGOT_CUDA_INT4_BULK=1):
-// the tile's weights brought into shared memory by bulk copies, all issued at the block's start; S
-// warps a tile, KC quads (128 columns) a chunk and mbarrier. The library's symmetric one-token case:
-// 8-row blocks with paired nibbles, the scale per slot.
-template <int S, int KC>
-Design design_bulk() {
-  Design d;
-  d.name = "bulk S" + std::to_string(S) + " C" + std::to_string(KC);
-  d.max_tokens = 8;
-  d.min_group = 128;
-  d.needs_sym = true;
-  d.exact = true;
-  d.layout = 3;
-  d.launch = [](const Args& a, cudaStream_t s) {
-    if (!ingot::cuda::int4bulk::launch_bulk<bf16, PlainOut, S, KC>(a, s)) {
-      std::fprintf(stderr, "bulk S%d C%d: the shape N %d K %d is outside the kernel\n", S, KC, a.N, a.K);
-      std::exit(1);
-    }
   };
   return d;
 }
@@ -299,9 +274,6 @@ std::vector<Design> designs(const NormChain* nc) {
                      design<8, 4, 1, false, 1, 1, kSlotM, false, 3, 3>(), design<8, 4, 1, false, 1, 1, kSlotM, false, 3, 4>()})
       v.push_back(d);
   }
-  for (Design d : {design_bulk<8, 8>(), design_bulk<4, 8>(), design_bulk<8, 16>(), design_bulk<8, 32>(),
-                   design_bulk<16, 16>()})
-    v.push_back(d);
   // The library's launcher a second time: how far apart two timings of one kernel land (the noise).
   Design again = library();
   again.name = "lib again";

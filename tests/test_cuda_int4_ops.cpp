@@ -159,67 +159,6 @@ TEST_P(CudaOps, Int4SwigluIsTheProductThenSwiglu) {
   EXPECT_EQ(cases, 27);
 }
 
-// The bulk-copy kernel (int4_bulk_kernel.cuh, taken under INGOT_CUDA_INT4_BULK=1) against the
-// register kernel on the same weights, plain and with the SwiGLU epilogue, at 1, 3 and 8 tokens: bit
-// for bit where the register kernel's one-token split is 8 warps with one load (K = 1024, and K = 4096
-// past N = 8192: gate/up's), at groups 128 and 256; within the dtype's tolerance of the CPU where it
-// splits otherwise (down's K = 14336: four loads a warp); and the calls it does not take (zero points,
-// group 64, N not a multiple of 16) left to the register kernel, whose bits they keep.
-TEST_P(CudaOps, Int4BulkKernelIsTheRegisterKernelBitForBit) {
-  if (dt_ == DType::F32) GTEST_SKIP() << "the INT4 decode kernels take f16/bf16 activations";
-  struct Case {
-    int64_t N, K, G;
-    bool zeros, same;  // same: the register kernel's bits expected
-  };
-  const char* before = std::getenv("INGOT_CUDA_INT4_BULK");
-  const std::string kept = before ? before : "";
-  const auto bulk = [](bool on) { ::setenv("INGOT_CUDA_INT4_BULK", on ? "1" : "0", 1); };
-  int cases = 0;
-  for (const Case cs : {Case{64, 1024, 128, false, true}, Case{16400, 4096, 128, false, true},
-                        Case{16400, 4096, 256, false, true}, Case{4096, 14336, 128, false, false},
-                        Case{64, 1024, 64, false, true}, Case{64, 1024, 128, true, true},
-                        Case{72, 1024, 128, false, true}})
-    for (int64_t T : {1, 3, 8}) {
-      const Int4Weight w = random_int4(rng_, cs.N, cs.K, cs.G, cs.zeros, false, dt_);
-      auto x = rnd(size_t(T * cs.K));
-      Side& g = *gpu_;
-      gpu_be_->reserve_linear_scratch(gpu_be_->linear_scratch_bytes(DType::U8, cs.N, cs.K, T, false));
-      const Mat wm = w.put(g, dt_), gx = g.m(g.put(x), T, cs.K);
-      const std::string what = "int4 bulk N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) + " G=" +
-                               std::to_string(cs.G) + " T=" + std::to_string(T) + (cs.zeros ? " zeros" : "");
-      // Plain product.
-      void *reg = g.put(std::vector<float>(size_t(T * cs.N), 7.0f)), *blk = g.put(std::vector<float>(size_t(T * cs.N), 5.0f));
-      bulk(false);
-      gpu_be_->linear(gx, wm, nullptr, g.m(reg, T, cs.N));
-      bulk(true);
-      gpu_be_->linear(gx, wm, nullptr, g.m(blk, T, cs.N));
-      // The SwiGLU epilogue, the weight read as [Wg; Wu].
-      const int64_t I = cs.N / 2;
-      void *sreg = g.put(std::vector<float>(size_t(T * I), 7.0f)), *sblk = g.put(std::vector<float>(size_t(T * I), 5.0f));
-      bulk(false);
-      const bool took_reg = gpu_be_->linear_swiglu(gx, wm, g.m(sreg, T, I));
-      bulk(true);
-      const bool took_blk = gpu_be_->linear_swiglu(gx, wm, g.m(sblk, T, I));
-      if (before) ::setenv("INGOT_CUDA_INT4_BULK", kept.c_str(), 1);
-      else ::unsetenv("INGOT_CUDA_INT4_BULK");
-      ASSERT_TRUE(took_reg && took_blk) << what;
-      if (cs.same) {
-        EXPECT_EQ(g.get(blk, size_t(T * cs.N)), g.get(reg, size_t(T * cs.N))) << what;
-        EXPECT_EQ(g.get(sblk, size_t(T * I)), g.get(sreg, size_t(T * I))) << what << " swiglu";
-      } else {
-        Side& c = *cpu_;
-        void* cy = c.put(std::vector<float>(size_t(T * cs.N)));
-        cpu_be_->linear(c.m(c.put(x), T, cs.K), w.put(c, dt_), nullptr, c.m(cy, T, cs.N));
-        expect_close(g.get(blk, size_t(T * cs.N)), c.get(cy, size_t(T * cs.N)), tol(), what);
-        void* cswi = c.put(std::vector<float>(size_t(T * I)));
-        cpu_be_->swiglu(c.m(cy, T, cs.N), c.m(cswi, T, I));  // the plain product is the [gate, up] input
-        expect_close(g.get(sblk, size_t(T * I)), c.get(cswi, size_t(T * I)), tol(), what + " swiglu");
-      }
-      ++cases;
-    }
-  EXPECT_EQ(cases, 21);
-}
-
 // The wide path's dequantized weight is exactly round_dt((nibble - zero) * scale) in input column order:
 // its product equals the dense linear over those values bit for bit (same cuBLASLt plan), perm included.
 TEST_P(CudaOps, Int4WidePathIsTheDenseProductOfItsDequantizedWeight) {

@@ -28,7 +28,6 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "backend/cuda/int4_bulk_kernel.cuh"
 #include "backend/cuda/int4_gemm_kernel.cuh"
 #include "backend/cuda/int4_gemv_kernel.cuh"
 
@@ -365,11 +364,6 @@ void launch_blocks(int4gemv::Args a, void* xf, cudaStream_t s) {
   }
 }
 
-// INGOT_CUDA_INT4_BULK=1: the one-token products int4_bulk_kernel.cuh takes run it instead of the
-// register kernel, an experiment until a device run measures it (docs/quantization.md, Plan). Read at
-// every launch (a graph keeps what its capture launched), so one process, the tests, compares both.
-bool bulk_wanted() { return env_knob("INGOT_CUDA_INT4_BULK", 0) != 0; }
-
 // Out: int4gemv::PlainOut or SwigluOut; the split is the weight's ([2I, K] for SwiGLU).
 template <typename T, class Out>
 void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
@@ -378,11 +372,6 @@ void launch_new(const int4gemv::Args& a, void* xf, cudaStream_t s) {
     case 4: return launch_blocks<T, Out, 4>(a, xf, s);
     case 8: return launch_blocks<T, Out, 8>(a, xf, s);
     default: break;  // one block: the split by shape below
-  }
-  if (bulk_wanted()) {
-    // Long rows (down: 112 KB a tile at K = 14336) leave one block an SM, so 16 warps a block there.
-    const bool took = a.K > 8192 ? int4bulk::launch_bulk<T, Out, 16, 16>(a, s) : int4bulk::launch_bulk<T, Out>(a, s);
-    if (took) return;
   }
   switch (int4_design(a.N, a.K)) {
     case Int4Design::S8U1R1: return launch_design<T, Out, Split<8, 1, 1, false>>(a, s);
