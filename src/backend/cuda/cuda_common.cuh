@@ -142,9 +142,10 @@ void allow_dynamic_smem(void (*kernel)(KArgs...), size_t bytes, const char* what
 }
 
 // Blocks of `kernel` (at `threads` a block and `smem` bytes of dynamic shared memory, allowed first)
-// that one multiprocessor of the current device holds at once, asked once per device and shape.
+// that one multiprocessor of the current device holds at once, asked once per device and shape. A
+// cached shape was allowed on this device when it was first asked, and allowances are never lowered,
+// so only a new shape asks allow_dynamic_smem.
 inline int resident_blocks_per_sm(const void* kernel, int threads, size_t smem, const char* what) {
-  allow_dynamic_smem(kernel, smem, what);
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
   int dev = 0;
@@ -153,6 +154,7 @@ inline int resident_blocks_per_sm(const void* kernel, int threads, size_t smem, 
   const auto key = std::make_tuple(dev, kernel, threads, smem);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  allow_dynamic_smem(kernel, smem, what);
   int n = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), what);
   return cache[key] = n;

@@ -460,9 +460,7 @@ void relayout_int4_cuda(Mat& w, cudaStream_t s) {
     return;
   // 8-row blocks where the rows come in eights of whole 128-column quads and a block of 4K bytes fits
   // one block's shared memory (K up to ~58k on sm_90).
-  int dev = 0, optin = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const size_t smem = size_t(w.cols) * 4;
   if (w.rows % 8 == 0 && w.cols % 128 == 0 && smem <= size_t(optin)) {
     allow_dynamic_smem(int4_blocks8_kernel, smem, "int4 re-layout shared memory");

@@ -786,10 +786,8 @@ static_assert(sizeof(Shared) + cache_bytes_for(151936, 4) <= 232448, "a 152k row
 template <typename T>
 Limits probe_limits() {
   Limits l{1, 0};
-  int dev = 0, major = 0, optin = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   cudaFuncAttributes fa{};
   check(cudaFuncGetAttributes(&fa, kernel_for<T>(true, false)), "sample_kernel attributes");
   // The cached kernels (both merges: the same Shared) may take the rest of the opt-in maximum.
